@@ -1,0 +1,1 @@
+"""Identity and permission: who the caller is and what they may open."""

@@ -1,0 +1,1 @@
+"""How to reach a machine: endpoint parsing, policy, and dialers that yield byte streams."""

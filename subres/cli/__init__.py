@@ -1,0 +1,1 @@
+"""The virtctl-like client: one module per verb. Never imports the server side."""

@@ -1,0 +1,1 @@
+"""The embedded default: a standalone server with a demo machine on loopback."""

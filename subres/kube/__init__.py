@@ -1,0 +1,1 @@
+"""Talking to the main apiserver: clients, the parent cache, Status objects."""

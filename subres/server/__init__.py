@@ -1,0 +1,1 @@
+"""Wiring: options to config to the aiohttp application, routes, discovery, health, TLS."""

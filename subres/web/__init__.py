@@ -1,0 +1,1 @@
+"""The browser terminal and VNC page."""
