@@ -1,0 +1,165 @@
+"""Incremental reading of SPDY/3.1 frames from a byte stream.
+
+`FrameParser` takes bytes in chunks of any size and hands out complete frames.
+It holds at most one partial frame: a control frame up to
+`Limits.max_control_frame_length`, a DATA frame up to `Limits.max_buffered_data`.
+A longer DATA frame comes out in pieces as its bytes arrive (FIN only on the
+last piece), so no peer can make it buffer a 16 MiB frame. Control frames of
+unknown types are skipped without being buffered, as the spec asks.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from subres.protocol.spdy.errors import ProtocolError, StreamError
+from subres.protocol.spdy.frames import (
+    FLAG_FIN,
+    HEADER_LENGTH,
+    VERSION,
+    DataFrame,
+    Frame,
+    FrameType,
+    decode_control,
+)
+from subres.protocol.spdy.headers import HeaderDecoder
+from subres.protocol.spdy.limits import Limits
+from subres.protocol.spdy.status import RstStatus
+
+__all__ = ["FrameParser"]
+
+_HEADER = struct.Struct(">II")
+_KNOWN_TYPES = frozenset(FrameType)
+
+
+@dataclass(slots=True)
+class _Piece:
+    """A long DATA frame being handed out as its bytes arrive."""
+
+    stream_id: int
+    remaining: int
+    fin: bool
+
+
+class FrameParser:
+    """Turns the inbound byte stream of one session into frames.
+
+    Call `feed` with bytes as they arrive, then `next_frame` until it returns
+    None. `next_frame` raises StreamError for a fault confined to one stream
+    (that frame is dropped and parsing goes on) and ProtocolError for a fault
+    that ends the session (every later call raises it again).
+    """
+
+    def __init__(self, decoder: HeaderDecoder, limits: Limits) -> None:
+        self._decoder = decoder
+        self._limits = limits
+        self._buf = bytearray()
+        self._pos = 0
+        self._skip = 0
+        self._piece: _Piece | None = None
+        self._failure: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet handed out as frames."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes."""
+        if self._failure is not None:
+            return
+        del self._buf[: self._pos]
+        self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> Frame | None:
+        """Return the next complete frame, or None until more bytes arrive."""
+        if self._failure is not None:
+            raise self._failure
+        # Each pass consumes at least a frame header or returns, so the loop
+        # ends within len(buffer) / 8 passes.
+        while True:
+            self._discard_skipped()
+            if self._skip:
+                return None
+            if self._piece is not None:
+                return self._next_piece(self._piece)
+            if self.buffered < HEADER_LENGTH:
+                return None
+            first, flags_length = _HEADER.unpack_from(self._buf, self._pos)
+            flags, length = flags_length >> 24, flags_length & 0xFFFFFF
+            if first & 0x80000000:
+                if self._is_ignored_control(first, length):
+                    continue
+                return self._control(first & 0xFFFF, flags, length)
+            return self._data(first & 0x7FFFFFFF, flags, length)
+
+    def _fail(self, message: str) -> ProtocolError:
+        self._failure = ProtocolError(message)
+        self._buf = bytearray()
+        self._pos = 0
+        return self._failure
+
+    def _take(self, count: int) -> bytes:
+        with memoryview(self._buf) as view:
+            chunk = bytes(view[self._pos : self._pos + count])
+        self._pos += count
+        return chunk
+
+    def _discard_skipped(self) -> None:
+        count = min(self._skip, self.buffered)
+        self._pos += count
+        self._skip -= count
+
+    def _is_ignored_control(self, first: int, length: int) -> bool:
+        version, frame_type = (first >> 16) & 0x7FFF, first & 0xFFFF
+        if version != VERSION:
+            raise self._fail(f"control frame of SPDY version {version}")
+        if frame_type in _KNOWN_TYPES:
+            return False
+        self._pos += HEADER_LENGTH
+        self._skip = length
+        return True
+
+    def _control(self, frame_type: int, flags: int, length: int) -> Frame | None:
+        if length > self._limits.max_control_frame_length:
+            raise self._fail(f"control frame of {length} bytes, over the limit")
+        if self.buffered < HEADER_LENGTH + length:
+            return None
+        self._pos += HEADER_LENGTH
+        payload = self._take(length)
+        try:
+            return decode_control(FrameType(frame_type), flags, payload, self._decoder)
+        except ProtocolError as exc:
+            raise self._fail(str(exc)) from None
+
+    def _data(self, stream_id: int, flags: int, length: int) -> Frame | None:
+        if stream_id == 0:
+            raise self._fail("DATA frame on stream 0")
+        fin = bool(flags & FLAG_FIN)
+        if length > self._limits.max_data_frame_length:
+            self._pos += HEADER_LENGTH
+            self._skip = length
+            raise StreamError(
+                f"DATA frame of {length} bytes, over the limit",
+                stream_id=stream_id,
+                status=RstStatus.FRAME_TOO_LARGE,
+            )
+        if length > self._limits.max_buffered_data:
+            self._pos += HEADER_LENGTH
+            self._piece = _Piece(stream_id, length, fin)
+            return self._next_piece(self._piece)
+        if self.buffered < HEADER_LENGTH + length:
+            return None
+        self._pos += HEADER_LENGTH
+        return DataFrame(stream_id, self._take(length), fin)
+
+    def _next_piece(self, piece: _Piece) -> Frame | None:
+        count = min(piece.remaining, self.buffered)
+        if count == 0:
+            return None
+        piece.remaining -= count
+        if piece.remaining == 0:
+            self._piece = None
+        return DataFrame(piece.stream_id, self._take(count), piece.fin and piece.remaining == 0)
