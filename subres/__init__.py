@@ -1,1 +1,1 @@
-"""subres: an aggregated API server that gives CRD objects console, vnc, screenshot and portforward subresources."""
+"""subres: an aggregated API server giving CRD objects console, vnc and portforward."""

@@ -1,0 +1,7 @@
+"""`python -m subres`."""
+
+import sys
+
+from subres.main import main
+
+sys.exit(main())

@@ -1,0 +1,56 @@
+"""Authorization: may this user do what the request asks?
+
+Order as kube-apiserver: `system:masters` first, then the always-allowed
+non-resource paths, then the decision proper. In standalone mode the decision
+proper is "any authenticated user"; behind a cluster it will be a
+SubjectAccessReview.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from subres.auth.attributes import Attributes
+from subres.auth.user import UserInfo
+
+__all__ = ["ALWAYS_ALLOW_PATHS", "Decision", "StandaloneAuthorizer"]
+
+ALWAYS_ALLOW_PATHS = ("/healthz", "/livez", "/readyz")
+MASTERS = "system:masters"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An authorization answer; `reason` explains a denial."""
+
+    allowed: bool
+    reason: str = ""
+
+
+def always_allowed(path: str, patterns: Sequence[str]) -> bool:
+    """True when `path` matches a pattern (a trailing `*` matches a prefix)."""
+    for pattern in patterns:
+        if pattern.endswith("*"):
+            if path.startswith(pattern[:-1]):
+                return True
+        elif path == pattern:
+            return True
+    return False
+
+
+class StandaloneAuthorizer:
+    """Allows every authenticated user; anonymous users reach only the allowed paths."""
+
+    def __init__(self, always_allow_paths: Sequence[str] = ALWAYS_ALLOW_PATHS) -> None:
+        self.always_allow_paths = tuple(always_allow_paths)
+
+    async def authorize(self, user: UserInfo, attrs: Attributes) -> Decision:
+        """The decision for `user` doing `attrs`."""
+        if MASTERS in user.groups:
+            return Decision(True)
+        if not attrs.resource_request and always_allowed(attrs.path, self.always_allow_paths):
+            return Decision(True)
+        if user.anonymous:
+            return Decision(False, "anonymous requests are not allowed")
+        return Decision(True)

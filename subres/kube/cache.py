@@ -1,0 +1,49 @@
+"""The in-memory cache of parent objects that the request path reads.
+
+Fed by a watch of the main apiserver or, in standalone mode, by a file; the
+request path only ever calls `get`, which never waits on anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["ParentCache"]
+
+Key = tuple[str, str]
+
+
+class ParentCache:
+    """Parent objects of one kind, keyed by namespace and name."""
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self._objects: dict[Key, Mapping[str, Any]] = {}
+        self.synced = False
+        """True once a full listing has been loaded."""
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The cached object, or None."""
+        return self._objects.get((namespace, name))
+
+    def replace(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Swap in a complete listing (after a list, a relist or a file read)."""
+        self._objects = {_key(obj): obj for obj in objects}
+        self.synced = True
+
+    def upsert(self, obj: Mapping[str, Any]) -> None:
+        """Add or change one object (a watch ADDED or MODIFIED event)."""
+        self._objects[_key(obj)] = obj
+
+    def delete(self, obj: Mapping[str, Any]) -> None:
+        """Forget one object (a watch DELETED event)."""
+        self._objects.pop(_key(obj), None)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))

@@ -1,0 +1,72 @@
+"""Standalone mode: parent objects read from a multi-document YAML file.
+
+Feeds the same `ParentCache` a watch would, and re-reads the file when it
+changes on disk, so a newcomer edits one file instead of running a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from subres.config import ParentSpec
+from subres.kube.cache import ParentCache
+
+__all__ = ["FileSource"]
+
+log = logging.getLogger(__name__)
+
+
+class FileSource:
+    """Loads parents from `path` into one cache per parent kind."""
+
+    def __init__(
+        self, path: Path, caches: Mapping[str, ParentCache], parents: Sequence[ParentSpec]
+    ):
+        self.path = path
+        self._caches = caches
+        self._kinds = {(p.api_version, p.kind): p.resource for p in parents}
+        self._stamp: tuple[int, int, int] | None = None
+
+    def reload_if_changed(self) -> bool:
+        """Re-read the file when its stamp changed; keep the old objects if it is invalid."""
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            log.warning("standalone file %s: %s", self.path, exc)
+            return False
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return False
+        try:
+            docs = [d for d in yaml.safe_load_all(self.path.read_text()) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            log.warning("standalone file %s not loaded: %s", self.path, exc)
+            return False
+        self._stamp = stamp
+        self._load(docs)
+        return True
+
+    def _load(self, docs: list[Any]) -> None:
+        by_resource: dict[str, list[Mapping[str, Any]]] = {r: [] for r in self._caches}
+        for doc in docs:
+            if not isinstance(doc, dict):
+                continue
+            resource = self._kinds.get((str(doc.get("apiVersion")), str(doc.get("kind"))))
+            if resource is not None:
+                by_resource[resource].append(doc)
+        for resource, objects in by_resource.items():
+            self._caches[resource].replace(objects)
+        log.info("standalone file %s: %d objects", self.path, sum(map(len, by_resource.values())))
+
+    async def watch(self, interval: float = 1.0) -> None:
+        """Poll the file for changes until cancelled."""
+        while True:
+            self.reload_if_changed()
+            await asyncio.sleep(interval)

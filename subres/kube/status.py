@@ -1,0 +1,66 @@
+"""Kubernetes `Status` objects: the one shape every error answer takes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["REASONS", "StatusError", "failure", "success"]
+
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    406: "NotAcceptable",
+    409: "Conflict",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+class StatusError(Exception):
+    """An error that is answered with a `Status` object and its HTTP code."""
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        reason: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or REASONS.get(code, "Unknown")
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `Status` object for this error."""
+        return failure(self.code, self.message, reason=self.reason, details=self.details)
+
+
+def failure(
+    code: int, message: str, *, reason: str | None = None, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A `Status` with `status: Failure`."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, "Unknown"),
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+def success() -> dict[str, Any]:
+    """A `Status` with `status: Success`, as remote-command error channels send."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}

@@ -1,0 +1,121 @@
+"""The aiohttp application: the route table and what runs around it.
+
+Routes are declared in one table; every handler takes the `State` first.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from subres.server import console, health, middleware
+from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
+from subres.server.state import State
+
+__all__ = ["build"]
+
+Handler = Callable[[State, web.Request], Awaitable[web.StreamResponse]]
+
+
+def build(state: State) -> web.Application:
+    """The application serving `state`."""
+    app = web.Application(
+        middlewares=[middleware.errors, middleware.identity(state)],
+        client_max_size=1 << 20,
+        handler_args={"max_field_size": 16384},
+    )
+    group, version = state.config.group, state.config.version
+    sub = f"/apis/{group}/{version}/namespaces/{{namespace}}/{{resource}}/{{name}}"
+    table: list[tuple[str, str, Handler]] = [
+        ("GET", "/apis", apis),
+        ("GET", f"/apis/{group}", api_group),
+        ("GET", f"/apis/{group}/{version}", api_resources),
+        ("GET", "/openapi/v2", openapi_v2),
+        ("GET", "/openapi/v3", openapi_v3_index),
+        ("GET", f"/openapi/v3/apis/{group}/{version}", openapi_v3),
+        ("GET", "/metrics", metrics),
+        ("GET", f"{sub}/console", console.handle),
+        ("POST", f"{sub}/console", console.handle),
+    ]
+    for method, path, handler in table:
+        app.router.add_route(method, path, functools.partial(handler, state))
+    _health_routes(app, state)
+
+    async def on_shutdown(_: web.Application) -> None:
+        await state.sessions.close_all("the server is shutting down")
+
+    app.on_shutdown.append(on_shutdown)
+    return app
+
+
+def _health_routes(app: web.Application, state: State) -> None:
+    ping = {"ping": lambda: True}
+    ready = {
+        **ping,
+        "tls-certificates": lambda: state.tls_ready,
+        "parent-caches": lambda: all(c.synced for c in state.caches.values()),
+    }
+    for endpoint, checks in (("healthz", ready), ("livez", ping), ("readyz", ready)):
+        handle = health.handler(endpoint, checks)
+        app.router.add_get(f"/{endpoint}", handle)
+        app.router.add_get(f"/{endpoint}/{{check}}", handle)
+
+
+def _json(body: bytes, **headers: str) -> web.Response:
+    return web.Response(body=body, content_type="application/json", headers=headers)
+
+
+async def apis(state: State, request: web.Request) -> web.Response:
+    """`/apis`: aggregated discovery when asked for it, APIGroupList otherwise."""
+    version = wants_aggregated(request.headers.get("Accept", ""))
+    if version is None:
+        return _json(state.discovery.group_list, Vary="Accept")
+    doc = state.discovery.aggregated[version]
+    headers = {"ETag": doc.etag, "Vary": "Accept"}
+    if request.headers.get("If-None-Match") == doc.etag:
+        return web.Response(status=304, headers=headers)
+    return web.Response(
+        body=doc.data, headers={**headers, "Content-Type": AGGREGATED_TYPES[version]}
+    )
+
+
+async def api_group(state: State, request: web.Request) -> web.Response:
+    """`/apis/{group}`: APIGroup."""
+    return _json(state.discovery.group)
+
+
+async def api_resources(state: State, request: web.Request) -> web.Response:
+    """`/apis/{group}/{version}`: APIResourceList (also kube-aggregator's availability probe)."""
+    return _json(state.discovery.resource_list)
+
+
+async def openapi_v2(state: State, request: web.Request) -> web.Response:
+    """`/openapi/v2` with ETag and 304."""
+    spec = state.openapi
+    if request.headers.get("If-None-Match") == spec.v2_etag:
+        return web.Response(status=304, headers={"ETag": spec.v2_etag})
+    return _json(spec.v2, ETag=spec.v2_etag)
+
+
+async def openapi_v3_index(state: State, request: web.Request) -> web.Response:
+    """`/openapi/v3`: where each group-version document lives, by hash."""
+    return _json(state.openapi.v3_index())
+
+
+async def openapi_v3(state: State, request: web.Request) -> web.Response:
+    """The group-version document; immutable under its hash, redirected when the hash is old."""
+    spec = state.openapi
+    asked = request.query.get("hash")
+    if asked is None:
+        return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": "no-cache, private"})
+    if asked != spec.v3_hash:
+        location = f"/openapi/v3/{spec.v3_path}?hash={spec.v3_hash}"
+        raise web.HTTPMovedPermanently(location)
+    return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": "public, immutable"})
+
+
+async def metrics(state: State, request: web.Request) -> web.StreamResponse:
+    """`/metrics`."""
+    return await state.metrics.handle(request)

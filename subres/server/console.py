@@ -1,0 +1,32 @@
+"""`…/{resource}/{name}/console`: the serial console over WebSocket."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from subres.server import streaming, subresource
+from subres.server.state import State
+
+__all__ = ["SUBPROTOCOLS", "handle"]
+
+SUBPROTOCOLS = (
+    "",
+    "plain.kubevirt.io",
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+    "base64.channel.k8s.io",
+)
+"""Raw framing (no subprotocol or KubeVirt's) and the Kubernetes channel protocols."""
+
+
+async def handle(state: State, request: web.Request) -> web.StreamResponse:
+    """Check, negotiate, dial, then upgrade and stream; one console per machine."""
+    target = subresource.resolve(state, request, "console")
+    url = subresource.endpoint_url(target)
+    ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
+    backend = await subresource.connect(state, target, url)
+    return await streaming.serve(
+        state, request, target=target, ws=ws, dialect=dialect, backend=backend, exclusive=True
+    )

@@ -1,0 +1,139 @@
+"""Discovery documents: APIGroupList, APIGroup, APIResourceList and aggregated v2.
+
+Built once from the configuration; the aggregated document carries the ETag
+kube-apiserver uses to poll it cheaply (quoted hex SHA-512 of the body).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from subres.config import Config, ParentSpec
+
+__all__ = ["AGGREGATED_TYPES", "Documents", "build", "wants_aggregated"]
+
+VERBS = {"console": ["create", "get"], "portforward": ["create", "get"]}
+"""WebSocket upgrades are GET, SPDY upgrades are POST; vnc and screenshot are GET only."""
+
+AGGREGATED_TYPES = {
+    "v2": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+    "v2beta1": "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+}
+
+
+@dataclass(frozen=True)
+class Body:
+    """A serialized document with its ETag."""
+
+    data: bytes
+    etag: str
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Every discovery document the server answers with."""
+
+    group_list: bytes
+    group: bytes
+    resource_list: bytes
+    aggregated: dict[str, Body]
+    """By discovery version (`v2`, `v2beta1`)."""
+
+
+def build(config: Config) -> Documents:
+    """The documents for `config`."""
+    return Documents(
+        group_list=_dump({"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(config)]}),
+        group=_dump({"kind": "APIGroup", "apiVersion": "v1", **_group(config)}),
+        resource_list=_dump(_resource_list(config)),
+        aggregated={v: _body(_aggregated(config, v)) for v in AGGREGATED_TYPES},
+    )
+
+
+def wants_aggregated(accept: str) -> str | None:
+    """The aggregated discovery version an Accept header asks for first, if any."""
+    for item in accept.split(","):
+        params = dict(p.strip().split("=", 1) for p in item.split(";")[1:] if "=" in p)
+        if (
+            params.get("g") == "apidiscovery.k8s.io"
+            and params.get("as") == "APIGroupDiscoveryList"
+            and params.get("v") in AGGREGATED_TYPES
+        ):
+            return params["v"]
+    return None
+
+
+def _group(config: Config) -> dict[str, Any]:
+    version = {"groupVersion": f"{config.group}/{config.version}", "version": config.version}
+    return {"name": config.group, "versions": [version], "preferredVersion": version}
+
+
+def _verbs(sub: str) -> list[str]:
+    return VERBS.get(sub, ["get"])
+
+
+def _resource_list(config: Config) -> dict[str, Any]:
+    resources = [
+        {
+            "name": f"{parent.resource}/{sub}",
+            "singularName": "",
+            "namespaced": True,
+            "kind": parent.kind,
+            "verbs": _verbs(sub),
+        }
+        for parent in config.parents
+        for sub in parent.subresources
+    ]
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{config.group}/{config.version}",
+        "resources": resources,
+    }
+
+
+def _aggregated(config: Config, version: str) -> dict[str, Any]:
+    return {
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": f"apidiscovery.k8s.io/{version}",
+        "metadata": {},
+        "items": [
+            {
+                "metadata": {"name": config.group, "creationTimestamp": None},
+                "versions": [
+                    {
+                        "version": config.version,
+                        "resources": [_discovered(config, p) for p in config.parents],
+                        "freshness": "Current",
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def _discovered(config: Config, parent: ParentSpec) -> dict[str, Any]:
+    kind = {"group": config.group, "version": config.version, "kind": parent.kind}
+    return {
+        "resource": parent.resource,
+        "responseKind": kind,
+        "scope": "Namespaced",
+        "singularResource": parent.singular,
+        "verbs": [],
+        "subresources": [
+            {"subresource": sub, "responseKind": kind, "verbs": _verbs(sub)}
+            for sub in parent.subresources
+        ],
+    }
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _body(obj: Any) -> Body:
+    data = _dump(obj)
+    return Body(data, f'"{hashlib.sha512(data).hexdigest()}"')

@@ -1,0 +1,131 @@
+"""Request middleware: Status errors, then authentication and authorization.
+
+Every error leaves as a Kubernetes `Status` with its code. Authentication and
+authorization run before any handler, so a request that is refused never
+reaches the code that dials a backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
+from multidict import CIMultiDict
+
+from subres.auth import attributes
+from subres.auth.authn import Credentials, Unauthenticated
+from subres.kube.status import StatusError
+from subres.protocol import channels
+from subres.server.state import State
+from subres.server.tls import peer_certificate
+
+__all__ = ["USER", "errors", "identity", "status_response"]
+
+log = logging.getLogger(__name__)
+
+USER = "subres.user"
+"""Request key of the authenticated `UserInfo`."""
+MESSAGES = {
+    404: "the server could not find the requested resource",
+    405: "the server does not allow this method on the requested resource",
+}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def status_response(error: StatusError) -> web.Response:
+    """The HTTP answer for `error`."""
+    return web.Response(
+        status=error.code,
+        body=json.dumps(error.to_dict()).encode(),
+        content_type="application/json",
+    )
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every failure into a Status answer."""
+    try:
+        return await handler(request)
+    except StatusError as exc:
+        return status_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        default = f"{exc.status}: {exc.reason}"
+        text = exc.text if exc.text and exc.text != default else None
+        return status_response(
+            StatusError(exc.status, text or MESSAGES.get(exc.status, exc.reason))
+        )
+
+
+def identity(state: State) -> Middleware:
+    """Middleware that authenticates and authorizes, then hides the credentials."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        creds = _credentials(request)
+        try:
+            user = await state.authenticator.authenticate(creds)
+        except Unauthenticated as exc:
+            log.info("%s %s: unauthenticated: %s", request.method, request.path, exc)
+            raise StatusError(401, "Unauthorized") from None
+        attrs = attributes.from_request(request.method, request.path)
+        decision = await state.authorizer.authorize(user, attrs)
+        if not decision.allowed:
+            if user.anonymous:
+                raise StatusError(401, "Unauthorized")
+            raise StatusError(403, _forbidden(user.name, attrs), details=_details(attrs))
+        stripped = request.clone(headers=_without_credentials(request))
+        stripped[USER] = user
+        return await handler(stripped)
+
+    return middleware
+
+
+def _credentials(request: web.Request) -> Credentials:
+    auth = request.headers.get(hdrs.AUTHORIZATION, "")
+    scheme, _, value = auth.partition(" ")
+    token = value.strip() if scheme.lower() == "bearer" and value.strip() else None
+    if token is None:
+        token = channels.bearer_token(_offered(request))
+    return Credentials(token=token, certificate=peer_certificate(request.transport))
+
+
+def _offered(request: web.Request) -> list[str]:
+    return [
+        p.strip()
+        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
+        for p in header.split(",")
+    ]
+
+
+def _without_credentials(request: web.Request) -> CIMultiDict[str]:
+    headers = CIMultiDict(
+        (k, v)
+        for k, v in request.headers.items()
+        if k.lower() != "authorization" and not k.lower().startswith("x-remote-")
+    )
+    offered = _offered(request)
+    kept = channels.without_bearer(offered)
+    if kept != offered:
+        headers.popall(hdrs.SEC_WEBSOCKET_PROTOCOL, None)
+        if kept:
+            headers[hdrs.SEC_WEBSOCKET_PROTOCOL] = ", ".join(kept)
+    return headers
+
+
+def _forbidden(user: str, attrs: attributes.Attributes) -> str:
+    if not attrs.resource_request:
+        return f'forbidden: User "{user}" cannot {attrs.describe()}'
+    target = f"{attrs.resource}.{attrs.group}"
+    name = f' "{attrs.name}"' if attrs.name else ""
+    return f'{target}{name} is forbidden: User "{user}" cannot {attrs.describe()}'
+
+
+def _details(attrs: attributes.Attributes) -> dict[str, str] | None:
+    if not attrs.resource_request:
+        return None
+    return {"name": attrs.name, "group": attrs.group, "kind": attrs.resource}

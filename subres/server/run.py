@@ -1,0 +1,130 @@
+"""Running the server: Options → Complete (read files, build parts) → Run.
+
+`Server` is what `subres serve`, `subres demo` and the tests start; it owns
+the listener, the background watchers and an orderly shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from subres import config as configfile
+from subres.auth.authn import Authenticator
+from subres.auth.authz import StandaloneAuthorizer
+from subres.auth.cafile import CAFile
+from subres.auth.tokenfile import TokenFile
+from subres.kube.cache import ParentCache
+from subres.kube.standalone import FileSource
+from subres.server import app as application
+from subres.server import certs
+from subres.server.options import Options
+from subres.server.state import State
+from subres.server.tls import ReloadingTLS
+
+__all__ = ["Server", "complete", "serve"]
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL = 1.0
+"""Seconds between checks of the certificate, token, CA and standalone files."""
+
+
+@dataclass
+class Server:
+    """A built server, ready to start."""
+
+    options: Options
+    state: State
+    tls: ReloadingTLS
+    source: FileSource
+    runner: web.AppRunner | None = None
+    port: int = 0
+    _watcher: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Listen and start the watchers; the port actually bound."""
+        self.runner = web.AppRunner(application.build(self.state), handle_signals=False)
+        await self.runner.setup()
+        site = web.TCPSite(
+            self.runner,
+            self.options.bind_address,
+            self.options.secure_port,
+            ssl_context=self.tls.context,
+            shutdown_timeout=self.options.shutdown_grace,
+            backlog=1024,
+        )
+        await site.start()
+        self.port = int(self.runner.addresses[0][1])
+        self._watcher = asyncio.create_task(self._watch())
+        log.info("serving on https://%s:%d", self.options.bind_address, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        """Close live sessions with 1001, stop listening, stop the watchers."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.wait([self._watcher])
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.to_thread(self._reload)
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    def _reload(self) -> None:
+        self.tls.reload_if_changed()
+        self.state.tls_ready = self.tls.ready
+        self.source.reload_if_changed()
+        self.state.authenticator.reload_if_changed()
+
+
+def complete(options: Options) -> Server:
+    """Read every file the options name and build the server (raises on bad input)."""
+    config = configfile.load(options.config)
+    if options.tls_cert_file and options.tls_private_key_file:
+        cert, key = options.tls_cert_file, options.tls_private_key_file
+    else:
+        files = certs.ensure_self_signed(
+            options.cert_dir, service=options.service_name, namespace=options.service_namespace
+        )
+        cert, key = files.cert, files.key
+    client_cas = [options.client_ca_file] if options.client_ca_file else []
+    tls = ReloadingTLS(cert=cert, key=key, client_ca=client_cas)
+    caches = {p.resource: ParentCache(p.resource) for p in config.parents}
+    if options.standalone is None:
+        raise ValueError("--standalone FILE is required")
+    source = FileSource(options.standalone, caches, config.parents)
+    source.reload_if_changed()
+    authenticator = Authenticator(
+        tokens=TokenFile(options.token_auth_file) if options.token_auth_file else None,
+        client_ca=CAFile(options.client_ca_file) if options.client_ca_file else None,
+    )
+    state = State(
+        config=config,
+        caches=caches,
+        authenticator=authenticator,
+        authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
+        tls_ready=tls.ready,
+    )
+    return Server(options=options, state=state, tls=tls, source=source)
+
+
+async def serve(options: Options) -> None:
+    """Run until SIGTERM or SIGINT, then shut down in order."""
+    server = complete(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await server.stop()

@@ -1,0 +1,49 @@
+"""The fully built runtime a server application serves from.
+
+Options are parsed and validated elsewhere; by the time a `State` exists,
+every file has been read and every component constructed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from subres.auth.attributes import Attributes
+from subres.auth.authn import Authenticator
+from subres.auth.authz import Decision
+from subres.auth.user import UserInfo
+from subres.config import Config
+from subres.kube.cache import ParentCache
+from subres.server import discovery, openapi
+from subres.server.metrics import Metrics
+from subres.streams.sessions import Sessions
+
+__all__ = ["Authorizer", "State"]
+
+
+class Authorizer(Protocol):
+    """Decides whether a user may do what a request asks."""
+
+    async def authorize(self, user: UserInfo, attrs: Attributes) -> Decision:
+        """The decision."""
+        ...
+
+
+@dataclass
+class State:
+    """Everything a running application needs."""
+
+    config: Config
+    caches: Mapping[str, ParentCache]
+    authenticator: Authenticator
+    authorizer: Authorizer
+    tls_ready: bool = True
+    """Whether serving certificates are loaded (for /readyz); updated by the TLS watcher."""
+    sessions: Sessions = field(default_factory=Sessions)
+    metrics: Metrics = field(default_factory=Metrics)
+
+    def __post_init__(self) -> None:
+        self.discovery = discovery.build(self.config)
+        self.openapi = openapi.build(self.config)

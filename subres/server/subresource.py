@@ -1,0 +1,104 @@
+"""The steps every subresource shares before it streams.
+
+Find the parent in the cache, check its state, read and vet its backend
+endpoint, and dial it, each failure answered with the right Status. Only
+after `dial` succeeds may a handler change protocols.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from subres.backends import endpoint as endpoints
+from subres.backends.stream import BackendUnavailable, ByteStream, dial
+from subres.config import ParentSpec, SubresourceSpec, field_value
+from subres.kube.status import StatusError
+from subres.server.state import State
+
+__all__ = ["Target", "connect", "endpoint_url", "resolve"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parent object that passed its checks, and the subresource asked of it."""
+
+    parent: ParentSpec
+    spec: SubresourceSpec
+    namespace: str
+    name: str
+    obj: Mapping[str, Any]
+
+    def describe(self) -> str:
+        """`Machine default/vm1`."""
+        return f"{self.parent.kind} {self.namespace}/{self.name}"
+
+
+def resolve(state: State, request: web.Request, subresource: str) -> Target:
+    """The parent the request names, checked for `subresource`."""
+    namespace = request.match_info["namespace"]
+    name = request.match_info["name"]
+    parent = state.config.parent(request.match_info["resource"])
+    spec = parent.subresources.get(subresource) if parent else None
+    if parent is None or spec is None:
+        raise StatusError(404, f"the server could not find the requested resource {request.path}")
+    cache = state.caches[parent.resource]
+    if not cache.synced:
+        raise StatusError(503, f"{parent.resource} are not loaded yet; try again shortly")
+    obj = cache.get(namespace, name)
+    if obj is None:
+        raise StatusError(
+            404,
+            f'{parent.resource}.{parent.group} "{name}" not found',
+            details={"name": name, "group": parent.group, "kind": parent.resource},
+        )
+    target = Target(parent, spec, namespace, name, obj)
+    _check_state(target)
+    return target
+
+
+def _check_state(target: Target) -> None:
+    for rule in target.spec.requires:
+        value = field_value(target.obj, rule.path)
+        if value not in rule.values:
+            shown = "unset" if value is None else f'"{value}"'
+            wanted = " or ".join(rule.values)
+            raise StatusError(
+                409,
+                f"{target.describe()} is not {wanted}: {rule.path} is {shown}",
+            )
+
+
+def endpoint_url(target: Target) -> str:
+    """The backend URL the parent names for its subresource (400 when it has none)."""
+    url = field_value(target.obj, target.spec.endpoint)
+    if not isinstance(url, str) or not url:
+        raise StatusError(
+            400, f"{target.describe()} has no {target.spec.name} ({target.spec.endpoint} is empty)"
+        )
+    return url
+
+
+async def connect(state: State, target: Target, url: str) -> ByteStream:
+    """Vet `url` against the endpoint policy and dial it within the connect timeout."""
+    try:
+        checked = await endpoints.check(endpoints.parse(url), state.config.policy)
+    except endpoints.EndpointError as exc:
+        raise StatusError(exc.code, f"{target.describe()}: {exc}") from None
+    session = state.config.session
+    started = time.monotonic()
+    try:
+        stream = await dial(
+            checked, connect_timeout=session.connect_timeout, read_size=session.read_size
+        )
+    except BackendUnavailable as exc:
+        raise StatusError(
+            503, f"{target.describe()}: {target.spec.name} unavailable: {exc}"
+        ) from None
+    finally:
+        state.metrics.dial_seconds.labels(target.spec.name).observe(time.monotonic() - started)
+    return stream

@@ -1,0 +1,123 @@
+"""The client side of a session over an upgraded aiohttp WebSocket.
+
+Turns a negotiated channel dialect (raw, binary channels or base64 channels)
+into the `ClientStream` the pump reads and writes: stdin arrives as bytes,
+resize messages go to a callback, stdout leaves framed, and the session's end
+becomes a close frame with a code and a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from aiohttp import WSMsgType, web
+
+from subres.kube.status import success
+from subres.protocol import channels
+from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing, TerminalSize
+
+__all__ = ["CloseCode", "WebSocketClient"]
+
+log = logging.getLogger(__name__)
+
+MAX_REASON = 123
+"""A close frame's reason is at most 123 bytes (RFC 6455 5.5)."""
+
+
+class CloseCode:
+    """Close codes subres sends."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    INTERNAL_ERROR = 1011
+    TAKEN_OVER = 4001
+
+
+class WebSocketClient:
+    """A `ClientStream` over a prepared `WebSocketResponse`."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        dialect: Dialect,
+        *,
+        on_resize: Callable[[TerminalSize], None] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.dialect = dialect
+        self._on_resize = on_resize
+        self._gone = False
+
+    @property
+    def gone(self) -> bool:
+        """True once the WebSocket is closing or closed."""
+        return self._gone or self.ws.closed
+
+    async def hello(self) -> None:
+        """Tell channel clients the stream is up: an empty message on stdout, as kubelet does."""
+        if self.dialect.framing is not Framing.RAW:
+            await self._send(channels.encode(self.dialect, channels.STDOUT, b""))
+
+    async def read(self) -> bytes:
+        """The next stdin bytes; b"" on stdin close (v5) or when the client is gone."""
+        while not self.gone:
+            msg = await self.ws.receive()
+            if msg.type not in (WSMsgType.BINARY, WSMsgType.TEXT):
+                self._gone = True
+                break
+            try:
+                event = channels.decode(self.dialect, msg.data)
+            except ChannelError as exc:
+                await self.close(CloseCode.PROTOCOL_ERROR, str(exc))
+                break
+            if isinstance(event, ChannelClosed):
+                if event.channel == channels.STDIN:
+                    return b""
+            elif event.channel == channels.STDIN and event.data:
+                return event.data
+            elif event.channel == channels.RESIZE:
+                self._resize(event.data)
+        return b""
+
+    def _resize(self, data: bytes) -> None:
+        try:
+            sizes = channels.parse_resize(data)
+        except ChannelError as exc:
+            log.debug("ignoring resize: %s", exc)
+            return
+        if self._on_resize is not None:
+            for size in sizes:
+                self._on_resize(size)
+
+    async def write(self, data: bytes) -> None:
+        """Send backend output on stdout; waits while the client is slow."""
+        await self._send(channels.encode(self.dialect, channels.STDOUT, data))
+
+    async def write_eof(self) -> None:
+        """The backend ended: report success on the error channel (v4+), then close 1000."""
+        if self.dialect.status:
+            body = json.dumps(success(), separators=(",", ":")).encode()
+            await self._send(channels.encode(self.dialect, channels.ERROR, body))
+        await self.close(CloseCode.NORMAL, "the backend closed the connection")
+
+    async def abort(self, reason: str) -> None:
+        """Close with 1011 and `reason`."""
+        await self.close(CloseCode.INTERNAL_ERROR, reason)
+
+    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
+        """Send a close frame with `code` and `reason` (truncated to fit) and finish."""
+        self._gone = True
+        message = reason.encode()[:MAX_REASON]
+        try:
+            await self.ws.close(code=code, message=message)
+        except (OSError, RuntimeError) as exc:
+            log.debug("close failed: %s", exc)
+
+    async def _send(self, message: bytes | str) -> None:
+        if isinstance(message, str):
+            await self.ws.send_str(message)
+        else:
+            await self.ws.send_bytes(message)
