@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 from dataclasses import dataclass
 
@@ -115,8 +116,16 @@ def complete(options: Options) -> Server:
     return Server(options=options, state=state, tls=tls, source=source)
 
 
+def raise_open_files_limit() -> None:
+    """Let each session's two sockets count against the hard limit, not the soft 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def serve(options: Options) -> None:
     """Run until SIGTERM or SIGINT, then shut down in order."""
+    raise_open_files_limit()
     server = complete(options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
