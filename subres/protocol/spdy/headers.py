@@ -145,7 +145,10 @@ class HeaderEncoder:
 
     def encode(self, headers: HeadersLike) -> bytes:
         """Return the compressed block of `headers`, ended with a sync flush."""
-        block = pack_block(normalize_headers(headers))
+        return self.compress(pack_block(normalize_headers(headers)))
+
+    def compress(self, block: bytes) -> bytes:
+        """Compress an already laid out block; unchecked, so tests can forge one."""
         return self._zlib.compress(block) + self._zlib.flush(zlib.Z_SYNC_FLUSH)
 
 
