@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 
 from subres.auth import attributes
 from subres.auth.authn import Credentials, Unauthenticated
+from subres.auth.user import UserInfo
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.server.state import State
@@ -26,7 +27,7 @@ __all__ = ["USER", "errors", "identity", "status_response"]
 
 log = logging.getLogger(__name__)
 
-USER = "subres.user"
+USER = web.RequestKey("user", UserInfo)
 """Request key of the authenticated `UserInfo`."""
 MESSAGES = {
     404: "the server could not find the requested resource",

@@ -49,14 +49,17 @@ class Server:
 
     async def start(self) -> int:
         """Listen and start the watchers; the port actually bound."""
-        self.runner = web.AppRunner(application.build(self.state), handle_signals=False)
+        self.runner = web.AppRunner(
+            application.build(self.state),
+            handle_signals=False,
+            shutdown_timeout=self.options.shutdown_grace,
+        )
         await self.runner.setup()
         site = web.TCPSite(
             self.runner,
             self.options.bind_address,
             self.options.secure_port,
             ssl_context=self.tls.context,
-            shutdown_timeout=self.options.shutdown_grace,
             backlog=1024,
         )
         await site.start()

@@ -1,0 +1,228 @@
+"""Test support: a standalone subres on loopback, and real backends to dial.
+
+Everything here runs real code on 127.0.0.1: the server is the real aiohttp
+application behind TLS; backends are real sockets that count connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from subres.server import certs
+from subres.server.options import Options
+from subres.server.run import Server, complete
+
+__all__ = [
+    "GROUP_VERSION",
+    "Backend",
+    "Standalone",
+    "machine",
+    "open_fds",
+    "start_standalone",
+    "wait_for",
+]
+
+GROUP_VERSION = "subresources.subres.dev/v1alpha1"
+
+
+def machine(name: str, *, console: str | None = None, phase: str = "Running") -> dict[str, Any]:
+    """A Machine object."""
+    spec: dict[str, Any] = {}
+    if console is not None:
+        spec["console"] = {"endpoint": console}
+    return {
+        "apiVersion": "subres.dev/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+@dataclass
+class Backend:
+    """A TCP or unix echo server (or a custom handler) that counts connections."""
+
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any] | None = None
+    accepted: int = 0
+    open: int = 0
+    url: str = ""
+    _server: asyncio.Server | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def start_tcp(self) -> Backend:
+        """Listen on 127.0.0.1, any port."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"tcp://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def start_unix(self, path: Path) -> Backend:
+        """Listen on a unix socket."""
+        self._server = await asyncio.start_unix_server(self._serve, str(path))
+        self.url = f"unix://{path}"
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        await self._count(+1, accepted=True)
+        try:
+            if self.handler is not None:
+                await self.handler(reader, writer)
+            else:
+                await echo(reader, writer)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+            await self._count(-1)
+
+    async def _count(self, delta: int, *, accepted: bool = False) -> None:
+        async with self.changed:
+            self.open += delta
+            self.accepted += accepted
+            self.changed.notify_all()
+
+    async def wait_open(self, count: int) -> None:
+        """Wait (at most 5 s) until exactly `count` connections are open."""
+        async with asyncio.timeout(5), self.changed:
+            await self.changed.wait_for(lambda: self.open == count)
+
+    async def stop(self) -> None:
+        """Close the listener and every connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send back everything; half-close after the peer does."""
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+
+
+@dataclass
+class Standalone:
+    """A running standalone subres and what a client needs to reach it."""
+
+    server: Server
+    dir: Path
+    token: str
+    ca: Path
+    client_ssl: ssl.SSLContext
+    machines: Path
+    client_ca: certs.KeyPair
+
+    @property
+    def base(self) -> str:
+        """`https://127.0.0.1:PORT`."""
+        return f"https://127.0.0.1:{self.server.port}"
+
+    def url(self, name: str, sub: str = "console", *, scheme: str = "wss") -> str:
+        """A subresource URL of machine `default/name`."""
+        path = f"/apis/{GROUP_VERSION}/namespaces/default/machines/{name}/{sub}"
+        return f"{scheme}://127.0.0.1:{self.server.port}{path}"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The Authorization header of the test user."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def write_machines(self, *objects: dict[str, Any]) -> None:
+        """Replace the machines file and load it now."""
+        tmp = self.machines.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump_all(list(objects)))
+        tmp.replace(self.machines)
+        self.server.source.reload_if_changed()
+
+    def client_cert_ssl(self, user: str, groups: list[str]) -> ssl.SSLContext:
+        """A client context presenting a certificate from the client CA."""
+        pair = certs.issue_client(self.client_ca, user=user, groups=groups)
+        cert, key = self.dir / f"{user}.crt", self.dir / f"{user}.key"
+        pair.write(cert, key)
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        ctx.load_cert_chain(cert, key)
+        return ctx
+
+
+@contextlib.asynccontextmanager
+async def start_standalone(
+    tmp: Path, *objects: dict[str, Any], session: dict[str, Any] | None = None
+) -> AsyncIterator[Standalone]:
+    """Start a standalone server with `objects`; stop it afterwards."""
+    token = "test-token-" + os.urandom(8).hex()
+    (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
+    client_ca = certs.generate_ca("test-client-ca")
+    client_ca.write(tmp / "client-ca.crt", tmp / "client-ca.key")
+    config = {
+        "endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(tmp)]},
+        "session": {"connectTimeout": 2, **(session or {})},
+    }
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    machines = tmp / "machines.yaml"
+    machines.write_text(yaml.safe_dump_all(list(objects)))
+    options = Options(
+        secure_port=0,
+        bind_address="127.0.0.1",
+        cert_dir=tmp / "certs",
+        tls_cert_file=None,
+        tls_private_key_file=None,
+        client_ca_file=tmp / "client-ca.crt",
+        config=tmp / "config.yaml",
+        standalone=machines,
+        token_auth_file=tmp / "tokens.csv",
+        service_name="subres",
+        service_namespace="subres-system",
+        authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
+        shutdown_grace=1.0,
+    )
+    server = complete(options)
+    await server.start()
+    ca = tmp / "certs" / "ca.crt"
+    try:
+        yield Standalone(
+            server=server,
+            dir=tmp,
+            token=token,
+            ca=ca,
+            client_ssl=ssl.create_default_context(cafile=str(ca)),
+            machines=machines,
+            client_ca=client_ca,
+        )
+    finally:
+        await server.stop()
+
+
+def open_fds() -> int:
+    """How many file descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def wait_for(predicate: Callable[[], bool]) -> None:
+    """Poll `predicate` until true, failing after 5 s.
+
+    For states nothing signals, such as task and descriptor counts.
+    """
+    async with asyncio.timeout(5):
+        while not predicate():  # noqa: ASYNC110 - no event exists for these counts
+            await asyncio.sleep(0.01)
