@@ -124,6 +124,11 @@ def _run_go(args: list[str], cwd: Path) -> None:
         raise GoBuildError(
             f"{' '.join(args)} (in {cwd}) timed out after {BUILD_TIMEOUT_S:.0f}s:\n{output}"
         ) from exc
+    except BaseException:
+        # Interrupted (Ctrl-C, pytest-timeout): leave no compiler running behind us.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     if proc.returncode != 0:
         raise GoBuildError(
             f"{' '.join(args)} (in {cwd}) failed with exit code {proc.returncode}:\n{output}"
