@@ -9,7 +9,6 @@ from what a client offers. Bytes in, events out; no I/O.
 from __future__ import annotations
 
 import base64
-import binascii
 import enum
 import json
 from collections.abc import Iterable, Sequence
@@ -127,11 +126,12 @@ def bearer_token(offered: Iterable[str]) -> str | None:
     for p in offered:
         if p.startswith(BEARER_PREFIX):
             encoded = p[len(BEARER_PREFIX) :]
+            padded = encoded + "=" * (-len(encoded) % 4)
             try:
-                raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-                return raw.decode()
-            except (binascii.Error, UnicodeDecodeError):
+                token = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+            except ValueError:  # bad base64, non-ASCII, or not UTF-8
                 return None
+            return token or None
     return None
 
 
@@ -173,7 +173,7 @@ def _decode_base64(message: str) -> ChannelData:
         raise ChannelError(f"bad channel digit {message[0]!r}")
     try:
         return ChannelData(channel, base64.b64decode(message[1:], validate=True))
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or non-ASCII text
         raise ChannelError(f"bad base64 payload: {exc}") from None
 
 
