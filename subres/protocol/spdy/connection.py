@@ -50,8 +50,8 @@ from subres.protocol.spdy.headers import (
 )
 from subres.protocol.spdy.limits import Limits
 from subres.protocol.spdy.parser import FrameParser
-from subres.protocol.spdy.status import GoAwayStatus, RstStatus
-from subres.protocol.spdy.streams import Stream, StreamInput, StreamState
+from subres.protocol.spdy.status import GoAwayStatus, RstStatus, goaway_status, rst_status
+from subres.protocol.spdy.streams import Stream, StreamInput, StreamState, StreamTable
 
 __all__ = ["Role", "SpdyConnection"]
 
@@ -78,14 +78,12 @@ class SpdyConnection:
         self._parser = FrameParser(decoder, self.limits)
         self._encoder = HeaderEncoder()
         self._out = bytearray()
-        self._streams: dict[int, Stream] = {}
         self._parity = 1 if role is Role.CLIENT else 0
-        self._next_stream_id = 1 if role is Role.CLIENT else 2
-        self._next_ping_id = self._next_stream_id
-        self._last_peer_stream_id = 0
-        self._peer_streams = 0
+        self._streams = StreamTable(
+            local_parity=self._parity, max_remembered_resets=self.limits.max_remembered_resets
+        )
+        self._next_ping_id = self._streams.next_local_id
         self._pings: dict[int, None] = {}
-        self._resets: dict[int, None] = {}
         self._goaway_sent = False
         self._goaway_received = False
         self._terminated = False
@@ -115,14 +113,11 @@ class SpdyConnection:
     @property
     def open_stream_ids(self) -> tuple[int, ...]:
         """Ids of the streams not yet closed, in the order they opened."""
-        return tuple(self._streams)
+        return self._streams.ids()
 
     def stream_state(self, stream_id: int) -> StreamState:
         """The state of a stream; ids never used are IDLE, forgotten ones CLOSED."""
-        stream = self._streams.get(stream_id)
-        if stream is not None:
-            return stream.state
-        return StreamState.CLOSED if self._is_used(stream_id) else StreamState.IDLE
+        return self._streams.state_of(stream_id)
 
     def data_to_send(self, max_bytes: int | None = None) -> bytes:
         """Take up to `max_bytes` (all by default) of the queued output."""
@@ -137,13 +132,13 @@ class SpdyConnection:
         """Queue a SYN_STREAM and return the new stream's id."""
         self._require_open_session()
         pairs = normalize_headers(headers)
-        stream_id = self._next_stream_id
+        stream_id = self._streams.next_local_id
         if stream_id > _MAX_ID:
             raise ConnectionClosedError("stream ids are used up; open a new connection")
         self._queue(SynStreamFrame(stream_id, pairs, priority=priority, fin=fin))
-        self._next_stream_id += 2
+        self._streams.next_local_id += 2
         stream = Stream(stream_id, local=True)
-        self._streams[stream_id] = stream
+        self._streams.add(stream)
         stream.apply(StreamInput.SEND_SYN)
         if fin:
             self._sent_fin(stream)
@@ -190,7 +185,7 @@ class SpdyConnection:
         if stream is None:
             return
         stream.apply(StreamInput.SEND_RST)
-        self._forget(stream)
+        self._streams.forget(stream)
         self._queue_reset(stream_id, status)
 
     def ping(self) -> int:
@@ -210,13 +205,13 @@ class SpdyConnection:
         if self._goaway_sent or self._terminated:
             return
         self._goaway_sent = True
-        self._queue(GoAwayFrame(self._last_peer_stream_id, status))
+        self._queue(GoAwayFrame(self._streams.last_peer_id, status))
 
     def close(self, status: GoAwayStatus = GoAwayStatus.OK) -> None:
         """Reset every open stream (CANCEL), then queue a GOAWAY."""
         if self._terminated:
             return
-        for stream_id in tuple(self._streams):
+        for stream_id in self._streams.ids():
             self.reset_stream(stream_id, RstStatus.CANCEL)
         self.goaway(status)
 
@@ -267,18 +262,19 @@ class SpdyConnection:
         stream_id = frame.stream_id
         if stream_id % 2 == self._parity:
             raise ProtocolError(f"peer opened stream {stream_id}, an id of this side's parity")
-        if stream_id <= self._last_peer_stream_id:
-            raise ProtocolError(f"peer opened stream {stream_id} after {self._last_peer_stream_id}")
+        if stream_id <= self._streams.last_peer_id:
+            raise ProtocolError(
+                f"peer opened stream {stream_id} after {self._streams.last_peer_id}"
+            )
         if self._goaway_sent:
             return
-        self._last_peer_stream_id = stream_id
-        if self._peer_streams >= self.limits.max_concurrent_streams:
+        self._streams.last_peer_id = stream_id
+        if self._streams.peer_count >= self.limits.max_concurrent_streams:
             self._queue_reset(stream_id, RstStatus.REFUSED_STREAM)
             return
         stream = Stream(stream_id, local=False)
         stream.apply(StreamInput.RECV_SYN)
-        self._streams[stream_id] = stream
-        self._peer_streams += 1
+        self._streams.add(stream)
         events.append(ev.StreamOpened(stream_id, frame.headers, frame.fin, frame.associated_id))
         if frame.fin:
             self._received_fin(stream, events)
@@ -322,8 +318,8 @@ class SpdyConnection:
         if stream is None:
             return
         stream.apply(StreamInput.RECV_RST)
-        self._forget(stream)
-        events.append(ev.StreamReset(stream.stream_id, _rst_status(frame.status)))
+        self._streams.forget(stream)
+        events.append(ev.StreamReset(stream.stream_id, rst_status(frame.status)))
 
     def _on_ping(self, frame: PingFrame, events: list[ev.Event]) -> None:
         if frame.ping_id % 2 != self._parity:
@@ -335,13 +331,10 @@ class SpdyConnection:
 
     def _on_goaway(self, frame: GoAwayFrame, events: list[ev.Event]) -> None:
         self._goaway_received = True
-        events.append(ev.GoAwayReceived(frame.last_stream_id, _goaway_status(frame.status)))
-        refused = [
-            s for s in self._streams.values() if s.local and s.stream_id > frame.last_stream_id
-        ]
-        for stream in refused:
+        events.append(ev.GoAwayReceived(frame.last_stream_id, goaway_status(frame.status)))
+        for stream in self._streams.local_streams_above(frame.last_stream_id):
             stream.apply(StreamInput.RECV_RST)
-            self._forget(stream)
+            self._streams.forget(stream)
             events.append(ev.StreamReset(stream.stream_id, RstStatus.REFUSED_STREAM))
 
     # -- stream bookkeeping -----------------------------------------------------
@@ -359,58 +352,45 @@ class SpdyConnection:
     def _stream_for_frame(self, stream_id: int, events: list[ev.Event]) -> Stream | None:
         """The live stream a peer's frame names, or None after answering for it."""
         stream = self._streams.get(stream_id)
-        if stream is not None or stream_id in self._resets:
+        if stream is not None or self._streams.was_reset(stream_id):
             return stream
-        if self._is_used(stream_id):
+        if self._streams.is_used(stream_id):
             self._stream_error(stream_id, RstStatus.STREAM_ALREADY_CLOSED, events)
         elif not self._goaway_sent:
             self._stream_error(stream_id, RstStatus.INVALID_STREAM, events)
         return None
 
-    def _is_used(self, stream_id: int) -> bool:
-        if stream_id % 2 == self._parity:
-            return stream_id < self._next_stream_id
-        return stream_id <= self._last_peer_stream_id
-
     def _sent_fin(self, stream: Stream) -> None:
         stream.apply(StreamInput.SEND_FIN)
         if stream.state is StreamState.CLOSED:
-            self._forget(stream)
+            self._streams.forget(stream)
 
     def _received_fin(self, stream: Stream, events: list[ev.Event]) -> None:
         stream.apply(StreamInput.RECV_FIN)
         events.append(ev.StreamEnded(stream.stream_id))
         if stream.state is StreamState.CLOSED:
-            self._forget(stream)
-
-    def _forget(self, stream: Stream) -> None:
-        del self._streams[stream.stream_id]
-        if not stream.local:
-            self._peer_streams -= 1
+            self._streams.forget(stream)
 
     def _stream_error(self, stream_id: int, status: RstStatus, events: list[ev.Event]) -> None:
         stream = self._streams.get(stream_id)
         if stream is not None:
             stream.apply(StreamInput.SEND_RST)
-            self._forget(stream)
+            self._streams.forget(stream)
             events.append(ev.StreamReset(stream_id, status, by_peer=False))
         self._queue_reset(stream_id, status)
 
     def _queue_reset(self, stream_id: int, status: RstStatus) -> None:
         self._queue(RstStreamFrame(stream_id, status))
-        self._resets[stream_id] = None
-        if len(self._resets) > self.limits.max_remembered_resets:
-            del self._resets[next(iter(self._resets))]
+        self._streams.remember_reset(stream_id)
 
     # -- session ------------------------------------------------------------------
 
     def _terminate(self, status: GoAwayStatus, reason: str, events: list[ev.Event]) -> None:
         if not self._goaway_sent:
             self._goaway_sent = True
-            self._queue(GoAwayFrame(self._last_peer_stream_id, status))
+            self._queue(GoAwayFrame(self._streams.last_peer_id, status))
         self._terminated = True
         self._streams.clear()
-        self._peer_streams = 0
         events.append(ev.ConnectionTerminated(status, reason))
 
     def _require_open_session(self) -> None:
@@ -427,19 +407,3 @@ class SpdyConnection:
 
     def _queue(self, frame: Frame) -> None:
         self._out += serialize(frame, self._encoder)
-
-
-def _rst_status(status: int) -> int:
-    """The status as a RstStatus when it is one we know, else as it came."""
-    try:
-        return RstStatus(status)
-    except ValueError:
-        return status
-
-
-def _goaway_status(status: int) -> int:
-    """The status as a GoAwayStatus when it is one we know, else as it came."""
-    try:
-        return GoAwayStatus(status)
-    except ValueError:
-        return status

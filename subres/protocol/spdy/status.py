@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["GoAwayStatus", "RstStatus", "SettingsId"]
+__all__ = ["GoAwayStatus", "RstStatus", "SettingsId", "goaway_status", "rst_status"]
 
 
 class RstStatus(IntEnum):
@@ -46,3 +46,19 @@ class SettingsId(IntEnum):
     DOWNLOAD_RETRANS_RATE = 6
     INITIAL_WINDOW_SIZE = 7
     CLIENT_CERTIFICATE_VECTOR_SIZE = 8
+
+
+def rst_status(status: int) -> int:
+    """A received RST_STREAM status as a RstStatus when known, else as it came."""
+    try:
+        return RstStatus(status)
+    except ValueError:
+        return status
+
+
+def goaway_status(status: int) -> int:
+    """A received GOAWAY status as a GoAwayStatus when known, else as it came."""
+    try:
+        return GoAwayStatus(status)
+    except ValueError:
+        return status

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["Stream", "StreamInput", "StreamState", "next_state"]
+__all__ = ["Stream", "StreamInput", "StreamState", "StreamTable", "next_state"]
 
 
 class StreamState(Enum):
@@ -113,3 +113,76 @@ class Stream:
     def can_receive(self) -> bool:
         """The peer may still send DATA."""
         return self.state in (StreamState.OPEN, StreamState.HALF_CLOSED_LOCAL)
+
+
+class StreamTable:
+    """The live streams of a session and what it must remember of the dead.
+
+    Closed streams are forgotten at once; what remains of them is the id
+    counters (an id below them was used) and a bounded memory of the streams
+    this side reset, whose late frames are dropped rather than answered.
+    """
+
+    def __init__(self, *, local_parity: int, max_remembered_resets: int) -> None:
+        self.parity = local_parity
+        self.next_local_id = 1 if local_parity else 2
+        self.last_peer_id = 0
+        self.peer_count = 0
+        self._live: dict[int, Stream] = {}
+        self._resets: dict[int, None] = {}
+        self._max_resets = max_remembered_resets
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def ids(self) -> tuple[int, ...]:
+        """Ids of the live streams, in the order they opened."""
+        return tuple(self._live)
+
+    def get(self, stream_id: int) -> Stream | None:
+        """The live stream with this id, if any."""
+        return self._live.get(stream_id)
+
+    def local_streams_above(self, stream_id: int) -> list[Stream]:
+        """Live streams this side opened with ids above `stream_id`."""
+        return [s for s in self._live.values() if s.local and s.stream_id > stream_id]
+
+    def add(self, stream: Stream) -> None:
+        """Start tracking a stream that was just opened."""
+        self._live[stream.stream_id] = stream
+        if not stream.local:
+            self.peer_count += 1
+
+    def forget(self, stream: Stream) -> None:
+        """Drop a stream that has closed."""
+        del self._live[stream.stream_id]
+        if not stream.local:
+            self.peer_count -= 1
+
+    def clear(self) -> None:
+        """Drop every stream (the session ended)."""
+        self._live.clear()
+        self.peer_count = 0
+
+    def is_used(self, stream_id: int) -> bool:
+        """The id was opened at some time by either side."""
+        if stream_id % 2 == self.parity:
+            return stream_id < self.next_local_id
+        return stream_id <= self.last_peer_id
+
+    def state_of(self, stream_id: int) -> StreamState:
+        """The state of a stream; ids never used are IDLE, forgotten ones CLOSED."""
+        stream = self._live.get(stream_id)
+        if stream is not None:
+            return stream.state
+        return StreamState.CLOSED if self.is_used(stream_id) else StreamState.IDLE
+
+    def remember_reset(self, stream_id: int) -> None:
+        """Note that this side reset the stream; the oldest note goes first."""
+        self._resets[stream_id] = None
+        if len(self._resets) > self._max_resets:
+            del self._resets[next(iter(self._resets))]
+
+    def was_reset(self, stream_id: int) -> bool:
+        """This side reset the stream recently."""
+        return stream_id in self._resets
