@@ -155,6 +155,25 @@ class Standalone:
         tmp.replace(self.machines)
         self.server.source.reload_if_changed()
 
+    def kubeconfig(self) -> Path:
+        """A kubeconfig file for the test user, as kubectl and client libraries read it."""
+        path = self.dir / "kubeconfig"
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "t",
+                    "cluster": {"server": self.base, "certificate-authority": str(self.ca)},
+                }
+            ],
+            "users": [{"name": "alice", "user": {"token": self.token}}],
+            "contexts": [{"name": "t", "context": {"cluster": "t", "user": "alice"}}],
+            "current-context": "t",
+        }
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
     def client_cert_ssl(self, user: str, groups: list[str]) -> ssl.SSLContext:
         """A client context presenting a certificate from the client CA."""
         pair = certs.issue_client(self.client_ca, user=user, groups=groups)
