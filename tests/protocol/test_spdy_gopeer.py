@@ -1,16 +1,14 @@
 """Our SPDY codec against moby/spdystream, the Go library client-go and kubelet use.
 
-The Go peer (tools/spdypeer) is built from the Go module proxy on first use and
-cached under ~/.cache/subres/, keyed by the hash of its sources and go.sum. It
-talks to the test over a socketpair; nothing is dialled.
+The Go peer (tools/spdypeer) is built from the Go module proxy by
+`tests.gotools` and cached by source hash. It talks to the test over a
+socketpair; nothing is dialled.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import selectors
-import shutil
 import socket
 import subprocess
 import time
@@ -34,39 +32,15 @@ from subres.protocol.spdy import (
     StreamReplied,
     StreamReset,
 )
+from tests import gotools
 
-PEER_DIR = Path(__file__).resolve().parents[2] / "tools" / "spdypeer"
 TIMEOUT = 20.0
 
 
 @pytest.fixture(scope="module")
 def peer_binary() -> Path:
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("go is not installed")
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((PEER_DIR / name).read_bytes())
-    cache = Path.home() / ".cache" / "subres"
-    binary = cache / f"spdypeer-{digest.hexdigest()[:16]}"
-    if binary.exists():
-        return binary
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = cache / f".{binary.name}.{os.getpid()}"
-    env = {**os.environ, "GOFLAGS": "-mod=mod"}
-    built = subprocess.run(
-        [go, "build", "-o", str(partial), "."],
-        cwd=PEER_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if built.returncode != 0:
-        pytest.skip(f"could not build the Go peer: {built.stderr[-2000:]}")
-    partial.replace(binary)
-    return binary
+    # A peer that cannot be built fails the suite: it never skips silently.
+    return gotools.build("spdypeer")
 
 
 class GoPeer:
