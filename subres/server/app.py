@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from subres.server import console, health, middleware
+from subres.server import console, health, middleware, portforward
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
 from subres.server.state import State
 
@@ -38,6 +38,10 @@ def build(state: State) -> web.Application:
         ("GET", "/metrics", metrics),
         ("GET", f"{sub}/console", console.handle),
         ("POST", f"{sub}/console", console.handle),
+        ("GET", f"{sub}/portforward", portforward.handle),
+        ("POST", f"{sub}/portforward", portforward.handle),
+        ("GET", f"{sub}/portforward/{{port}}", portforward.handle_port),
+        ("GET", f"{sub}/portforward/{{port}}/{{protocol}}", portforward.handle_port),
     ]
     for method, path, handler in table:
         app.router.add_route(method, path, functools.partial(handler, state))

@@ -20,7 +20,7 @@ from subres.config import ParentSpec, SubresourceSpec, field_value
 from subres.kube.status import StatusError
 from subres.server.state import State
 
-__all__ = ["Target", "connect", "endpoint_url", "resolve"]
+__all__ = ["Target", "connect", "endpoint_url", "forward_url", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,22 @@ def endpoint_url(target: Target) -> str:
             400, f"{target.describe()} has no {target.spec.name} ({target.spec.endpoint} is empty)"
         )
     return url
+
+
+def forward_url(target: Target, port: int, protocol: str = "tcp") -> str:
+    """The backend URL for port `port` of the parent (403 when the port is not allowed)."""
+    address = field_value(target.obj, target.spec.address)
+    allowed = field_value(target.obj, target.spec.ports) or []
+    if not isinstance(address, str) or not address:
+        raise StatusError(
+            400, f"{target.describe()} has no port-forward address ({target.spec.address})"
+        )
+    if not isinstance(allowed, list) or port not in allowed:
+        raise StatusError(
+            403, f"{target.describe()} does not allow forwarding to {protocol} port {port}"
+        )
+    host = f"[{address}]" if ":" in address else address
+    return f"{protocol}://{host}:{port}"
 
 
 async def connect(state: State, target: Target, url: str) -> ByteStream:

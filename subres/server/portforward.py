@@ -1,0 +1,44 @@
+"""`…/{resource}/{name}/portforward`: which dialect a client speaks, and where it goes.
+
+Kubernetes-style clients come as SPDY/3.1 (`portforward.k8s.io`), as SPDY
+tunnelled in a WebSocket (`SPDY/3.1+portforward.k8s.io`), or as a channel
+WebSocket with `?ports=`; KubeVirt-style clients open one raw WebSocket per
+connection at `…/portforward/{port}[/{protocol}]`.
+"""
+
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+
+from subres.kube.status import StatusError
+from subres.server.state import State
+
+__all__ = ["TUNNEL_PROTOCOL", "handle", "handle_port"]
+
+TUNNEL_PROTOCOL = "SPDY/3.1+portforward.k8s.io"
+
+
+def _offered(request: web.Request) -> list[str]:
+    return [
+        p.strip()
+        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
+        for p in header.split(",")
+        if p.strip()
+    ]
+
+
+async def handle(state: State, request: web.Request) -> web.StreamResponse:
+    """Dispatch a Kubernetes-style port-forward by its upgrade."""
+    upgrade = request.headers.get(hdrs.UPGRADE, "").lower()
+    if upgrade == "spdy/3.1":
+        raise StatusError(501, "port-forward over SPDY/3.1 is not implemented yet")
+    if upgrade == "websocket" and TUNNEL_PROTOCOL in _offered(request):
+        raise StatusError(501, "tunnelled SPDY port-forward is not implemented yet")
+    if upgrade == "websocket":
+        raise StatusError(501, "WebSocket port-forward is not implemented yet")
+    raise StatusError(400, "portforward needs a SPDY/3.1 or WebSocket upgrade request")
+
+
+async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
+    """KubeVirt-style: one raw WebSocket per forwarded connection."""
+    raise StatusError(501, "KubeVirt-style port-forward is not implemented yet")
