@@ -86,7 +86,9 @@ def _interactive(spec: Mapping[str, Any]) -> bool:
         return has_terminal
     if mode == "Always":
         if not has_terminal:
-            raise ExecPluginError("exec plugin needs an interactive terminal (interactiveMode Always)")
+            raise ExecPluginError(
+                "exec plugin needs an interactive terminal (interactiveMode Always)"
+            )
         return True
     raise ExecPluginError(f"exec plugin has an unknown interactiveMode {mode!r}")
 
@@ -124,7 +126,8 @@ def _execute(
     except OSError as exc:
         hint = spec.get("installHint")
         raise ExecPluginError(
-            f"cannot run exec plugin {argv[0]}: {exc.strerror or exc}" + (f"\n{hint}" if hint else "")
+            f"cannot run exec plugin {argv[0]}: {exc.strerror or exc}"
+            + (f"\n{hint}" if hint else "")
         ) from None
     if done.returncode != 0:
         raise ExecPluginError(f"exec plugin {argv[0]} failed with exit code {done.returncode}")
