@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
         prog="subres", description="Interactive subresources for Kubernetes CRD objects."
     )
     top.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    client_commands.add_client_flags(top)
     verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     from subres.server.options import add_arguments

@@ -1,14 +1,41 @@
-"""The client verbs' registration on the `subres` command line."""
+"""The client verbs' registration on the `subres` command line.
+
+Owns the client connection flags (`--kubeconfig`, `--context`, `-n`), which
+work before the verb (on the top-level parser) and after it (on each verb,
+where they only count when given, so neither place overrides the other).
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-__all__ = ["add_verbs"]
+from subres.cli import console
+
+__all__ = ["add_client_flags", "add_verbs"]
+
+
+def add_client_flags(parser: argparse.ArgumentParser, *, on_verb: bool = False) -> None:
+    """Add the kubeconfig selection flags; on a verb they default to nothing at all."""
+    default = argparse.SUPPRESS if on_verb else None
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", default=default, help="kubeconfig file to use"
+    )
+    parser.add_argument(
+        "--context", metavar="NAME", default=default, help="kubeconfig context to use"
+    )
+    parser.add_argument(
+        "-n", "--namespace", metavar="NS", default=default, help="namespace of the object"
+    )
 
 
 def add_verbs(verbs: Any) -> None:
     """Add every client verb to the subcommand set `verbs`."""
-    del verbs
-    _ = argparse
+    parser = verbs.add_parser(
+        "console",
+        help="connect to a machine's serial console (Ctrl+] leaves)",
+        description="Connect to the serial console of a machine. Ctrl+] leaves.",
+    )
+    console.add_arguments(parser)
+    add_client_flags(parser, on_verb=True)
+    parser.set_defaults(func=console.main)
