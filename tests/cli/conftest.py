@@ -1,0 +1,152 @@
+"""Fixtures for the client tests: scratch directories, the real demo server, running the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+CLI_TIMEOUT = 30.0
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A scratch directory removed after the test."""
+    with tempfile.TemporaryDirectory(prefix="subres-cli-") as tmp:
+        yield Path(tmp)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A running `subres demo`."""
+
+    url: str
+    kubeconfig: Path
+    state_dir: Path
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    """The environment for a CLI process: no developer kubeconfig, a scratch HOME."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["HOME"] = str(home)
+    return env
+
+
+def cli(*args: str | Path) -> list[str]:
+    """The argv that runs our command."""
+    return [sys.executable, "-m", "subres", *map(str, args)]
+
+
+def run_cli(
+    args: Sequence[str | Path], *, home: Path, stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
+    """Run the CLI with `stdin` piped in; bounded."""
+    return subprocess.run(
+        cli(*args),
+        input=stdin,
+        capture_output=True,
+        env=cli_env(home),
+        timeout=CLI_TIMEOUT,
+        check=False,
+    )
+
+
+def read_until(
+    proc: subprocess.Popen[bytes], pattern: bytes, *, timeout: float, stream: str = "stdout"
+) -> re.Match[bytes]:
+    """Read `proc`'s stdout (or stderr) until `pattern` matches; fail after `timeout`."""
+    pipe = getattr(proc, stream)
+    assert pipe is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(pipe, selectors.EVENT_READ)
+        while (match := re.search(pattern, seen)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise AssertionError(f"no {pattern!r} within {timeout}s; got {seen!r}")
+            chunk = os.read(pipe.fileno(), 65536)
+            if not chunk:
+                raise AssertionError(f"{stream} ended before {pattern!r}; got {seen!r}")
+            seen += chunk
+    return match
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM `proc`, wait a bounded time, then kill it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT)
+
+
+@contextlib.contextmanager
+def running_demo() -> Iterator[Demo]:
+    """`subres demo` on a free port with a POSIX shell as the machine's console."""
+    with tempfile.TemporaryDirectory(prefix="subres-demo-") as tmp:
+        state = Path(tmp)
+        env = {**cli_env(state), "SHELL": "/bin/sh"}
+        with (state / "server.log").open("wb") as log:
+            proc = subprocess.Popen(
+                cli("demo", "--state-dir", state, "--port", "0"),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+            )
+        try:
+            match = read_until(
+                proc, rb"serving on (https://127\.0\.0\.1:\d+)", timeout=START_TIMEOUT
+            )
+            yield Demo(match.group(1).decode(), state / "kubeconfig", state)
+        finally:
+            stop(proc)
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Demo]:
+    """A demo shared by a module's tests that leave its machines as they are."""
+    with running_demo() as running:
+        yield running
+
+
+def write_kubeconfig(
+    path: Path,
+    *,
+    server: str,
+    user: dict[str, object] | None = None,
+    cluster: dict[str, object] | None = None,
+    namespace: str | None = None,
+) -> Path:
+    """A one-context kubeconfig named `test`."""
+    context: dict[str, object] = {"cluster": "test", "user": "test"}
+    if namespace:
+        context["namespace"] = namespace
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, **(cluster or {})}}],
+        "users": [{"name": "test", "user": user or {}}],
+        "contexts": [{"name": "test", "context": context}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path

@@ -1,0 +1,292 @@
+"""`subres console` against a small in-test WebSocket server.
+
+The demo cannot show some things (its backend ignores resize, it never sends
+a failure Status), so a `websockets` server in a thread plays the console
+subresource here and records everything the real CLI sends it.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from pathlib import Path
+from types import TracebackType
+
+import pexpect  # type: ignore[import-untyped]
+import pytest
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+from websockets.sync.server import Server, ServerConnection, serve
+from websockets.typing import Subprotocol
+
+from tests.cli.conftest import cli, cli_env, run_cli, write_kubeconfig
+
+WAIT = 20.0
+V5 = "v5.channel.k8s.io"
+V4 = "v4.channel.k8s.io"
+SUCCESS = b'\x03{"metadata":{},"status":"Success"}'
+STDIN_CLOSED = b"\xff\x00"
+
+Script = Callable[[ServerConnection, "FakeConsole"], None]
+
+
+class FakeConsole:
+    """A console endpoint: optional refusals first, then `script` runs each session."""
+
+    def __init__(
+        self,
+        script: Script,
+        *,
+        subprotocols: Sequence[str] = (V5,),
+        refusals: Sequence[tuple[int, str]] = (),
+    ) -> None:
+        self.script = script
+        self.received: queue.Queue[bytes] = queue.Queue()
+        self.requests: queue.Queue[tuple[str, Headers]] = queue.Queue()
+        self._refusals = list(refusals)
+        self._server: Server = serve(
+            self._handle,
+            "127.0.0.1",
+            0,
+            subprotocols=[Subprotocol(p) for p in subprotocols],
+            process_request=self._process_request,
+            compression=None,
+        )
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.socket.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> FakeConsole:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.shutdown()
+        self._thread.join(WAIT)
+
+    def next_on(self, channel: int) -> bytes:
+        """The payload of the next message the client sent on `channel`."""
+        while True:
+            message = self.received.get(timeout=WAIT)
+            if message[0] == channel:
+                return message[1:]
+
+    def all_received(self) -> list[bytes]:
+        """Every message recorded so far."""
+        messages = []
+        while not self.received.empty():
+            messages.append(self.received.get_nowait())
+        return messages
+
+    def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        self.requests.put((request.path, request.headers))
+        if not self._refusals:
+            return None
+        code, message = self._refusals.pop(0)
+        status = {"kind": "Status", "status": "Failure", "message": message, "code": code}
+        return conn.respond(HTTPStatus(code), json.dumps(status))
+
+    def _handle(self, conn: ServerConnection) -> None:
+        self.script(conn, self)
+
+
+def _record(conn: ServerConnection, fake: FakeConsole, *, until: bytes | None = None) -> None:
+    """Record client messages and echo stdin until the client closes or sends `until`."""
+    for message in conn:
+        assert isinstance(message, bytes)
+        fake.received.put(message)
+        if message == until or (message[:1] == b"\x00" and b"END" in message):
+            return
+        if message[:1] == b"\x00":
+            conn.send(b"\x01" + message[1:])
+
+
+def echo(conn: ServerConnection, fake: FakeConsole) -> None:
+    """Echo stdin until it ends (v5 close signal or an `END` marker), then succeed."""
+    conn.send(b"\x01")
+    conn.send(b"\x02to-stderr\n")
+    _record(conn, fake, until=STDIN_CLOSED)
+    conn.send(SUCCESS)
+    conn.close(1000)
+
+
+def interactive(conn: ServerConnection, fake: FakeConsole) -> None:
+    """Say `ready`, then record everything until the client leaves."""
+    conn.send(b"\x01ready\r\n")
+    _record(conn, fake)
+
+
+def fail_with_status(conn: ServerConnection, fake: FakeConsole) -> None:
+    """Report a failure on the error channel and wait for the client to hang up."""
+    failure = {"metadata": {}, "status": "Failure", "message": "the shell crashed"}
+    conn.send(b"\x03" + json.dumps(failure).encode())
+    _record(conn, fake)
+
+
+def close_with(code: int, reason: str) -> Script:
+    """A script that closes the session at once with `code` and `reason`."""
+
+    def script(conn: ServerConnection, fake: FakeConsole) -> None:
+        conn.close(code, reason)
+
+    return script
+
+
+@pytest.fixture
+def kubeconfig(workdir: Path) -> Callable[[FakeConsole], Path]:
+    def write(fake: FakeConsole) -> Path:
+        return write_kubeconfig(
+            workdir / "kubeconfig", server=fake.url, user={"token": "t0k3n"}, namespace="ns1"
+        )
+
+    return write
+
+
+def test_interactive_session_frames_resize_stdin_and_escape(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    with FakeConsole(interactive) as fake:
+        child = pexpect.spawn(
+            cli()[0],
+            cli("--kubeconfig", kubeconfig(fake), "console", "m1")[1:],
+            env=cli_env(workdir),
+            timeout=WAIT,
+            dimensions=(24, 80),
+        )
+        try:
+            child.expect_exact(b"Connected to machine/m1. Escape with Ctrl+]")
+            child.expect_exact(b"ready")
+            assert json.loads(fake.next_on(4)) == {"Width": 80, "Height": 24}
+            child.setwinsize(40, 132)
+            assert json.loads(fake.next_on(4)) == {"Width": 132, "Height": 40}
+            child.send(b"abc\x1dnot-sent")
+            assert fake.next_on(0) == b"abc"
+            child.expect(pexpect.EOF)
+        finally:
+            child.close(force=True)
+        assert child.exitstatus == 0
+        path, headers = fake.requests.get(timeout=WAIT)
+    assert path == "/apis/subresources.subres.dev/v1alpha1/namespaces/ns1/machines/m1/console"
+    assert headers["Authorization"] == "Bearer t0k3n"
+    assert headers["Sec-WebSocket-Protocol"] == f"{V5}, {V4}"
+    assert all(not m.startswith(b"\x00not-sent") for m in fake.all_received())
+
+
+def test_piped_stdin_is_closed_on_v5(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    with FakeConsole(echo) as fake:
+        done = run_cli(
+            ["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir, stdin=b"hello\n"
+        )
+        messages = fake.all_received()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"hello\n"
+    assert done.stderr == b"to-stderr\n"
+    assert messages == [b"\x00hello\n", STDIN_CLOSED]
+
+
+def test_piped_stdin_on_v4_waits_for_the_server(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    with FakeConsole(echo, subprotocols=(V4,)) as fake:
+        done = run_cli(
+            ["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir, stdin=b"data END"
+        )
+        messages = fake.all_received()
+    assert done.returncode == 0, done.stderr
+    assert messages == [b"\x00data END"]
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (4001, "console of ns1/m1 taken over by another session"),
+        (1001, "the server is shutting down"),
+        (1011, "backend connection failed: reset"),
+    ],
+)
+def test_abnormal_close_prints_the_reason(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path], code: int, reason: str
+) -> None:
+    with FakeConsole(close_with(code, reason)) as fake:
+        done = run_cli(["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir)
+    assert done.returncode == 1
+    assert done.stderr.decode() == f"error: the server closed the console ({code}): {reason}\n"
+
+
+def test_failure_status_ends_the_session(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    with FakeConsole(fail_with_status) as fake:
+        done = run_cli(["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir)
+    assert done.returncode == 1
+    assert done.stderr == b"error: the shell crashed\n"
+
+
+def test_retries_conflict_and_unavailable_within_the_timeout(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    refusals = [(503, "backend unavailable"), (409, "machine is not Running")]
+    with FakeConsole(echo, refusals=refusals) as fake:
+        done = run_cli(
+            ["--kubeconfig", kubeconfig(fake), "console", "m1", "--timeout", "30s"],
+            home=workdir,
+            stdin=b"up\n",
+        )
+        attempts = fake.requests.qsize()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"up\n"
+    assert done.stderr.startswith(b"machine/m1: backend unavailable; waiting\n")
+    assert attempts == 3
+
+
+@pytest.mark.parametrize(("code", "timeout"), [(503, "0"), (403, "30s"), (500, "30s"), (404, "1h")])
+def test_no_retry_without_timeout_or_for_other_codes(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path], code: int, timeout: str
+) -> None:
+    with FakeConsole(echo, refusals=[(code, f"refused with {code}")]) as fake:
+        done = run_cli(
+            ["--kubeconfig", kubeconfig(fake), "console", "m1", "--timeout", timeout],
+            home=workdir,
+        )
+        attempts = fake.requests.qsize()
+    assert done.returncode == 1
+    assert done.stderr == f"error: refused with {code}\n".encode()
+    assert attempts == 1
+
+
+def test_group_version_kind_and_server_path_prefix(workdir: Path) -> None:
+    with FakeConsole(echo) as fake:
+        config = write_kubeconfig(workdir / "kubeconfig", server=f"{fake.url}/prefix/")
+        args: list[str | Path] = ["console", "VMs/web-1", "--kubeconfig", config]
+        done = run_cli([*args, "--api-group-version", "custom.example/v2"], home=workdir)
+        path, headers = fake.requests.get(timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    assert path == "/prefix/apis/custom.example/v2/namespaces/default/vms/web-1/console"
+    assert "Authorization" not in headers
+
+
+def test_bad_duration_is_a_usage_error(workdir: Path) -> None:
+    done = run_cli(["console", "m1", "--timeout", "5 minutes"], home=workdir)
+    assert done.returncode == 2
+    assert b"invalid duration '5 minutes'" in done.stderr
+
+
+def test_unreachable_server(workdir: Path, kubeconfig: Callable[[FakeConsole], Path]) -> None:
+    with FakeConsole(echo) as fake:
+        config, url = kubeconfig(fake), fake.url
+    done = run_cli(["--kubeconfig", config, "console", "m1"], home=workdir)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: cannot connect to {url}: ".encode())
