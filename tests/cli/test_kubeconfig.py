@@ -410,3 +410,11 @@ def test_client_flags_before_and_after_the_verb(
 ) -> None:
     ns = parser().parse_args(argv)
     assert (ns.kubeconfig, ns.context, ns.namespace) == expected
+
+
+def test_exec_plugin_that_needs_a_terminal_without_one(
+    workdir: Path, plugin: Callable[..., dict[str, Any]]
+) -> None:
+    always = {**plugin({"token": "t"}), "interactiveMode": "Always"}
+    with pytest.raises(KubeconfigError, match="needs an interactive terminal"):
+        load(write(workdir / "config", config_doc(user={"exec": always})))
