@@ -21,6 +21,7 @@ from subres.auth.user import UserInfo
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.server.state import State
+from subres.server.streaming import offered_subprotocols
 from subres.server.tls import peer_certificate
 
 __all__ = ["USER", "errors", "identity", "status_response"]
@@ -91,16 +92,8 @@ def _credentials(request: web.Request) -> Credentials:
     scheme, _, value = auth.partition(" ")
     token = value.strip() if scheme.lower() == "bearer" and value.strip() else None
     if token is None:
-        token = channels.bearer_token(_offered(request))
+        token = channels.bearer_token(offered_subprotocols(request))
     return Credentials(token=token, certificate=peer_certificate(request.transport))
-
-
-def _offered(request: web.Request) -> list[str]:
-    return [
-        p.strip()
-        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
-        for p in header.split(",")
-    ]
 
 
 def _without_credentials(request: web.Request) -> CIMultiDict[str]:
@@ -109,7 +102,7 @@ def _without_credentials(request: web.Request) -> CIMultiDict[str]:
         for k, v in request.headers.items()
         if k.lower() != "authorization" and not k.lower().startswith("x-remote-")
     )
-    offered = _offered(request)
+    offered = offered_subprotocols(request)
     kept = channels.without_bearer(offered)
     if kept != offered:
         headers.popall(hdrs.SEC_WEBSOCKET_PROTOCOL, None)

@@ -21,9 +21,19 @@ from subres.streams.pump import Ending, pump
 from subres.streams.sessions import SessionKey
 from subres.streams.websocket import WebSocketClient
 
-__all__ = ["negotiate", "serve"]
+__all__ = ["negotiate", "offered_subprotocols", "serve"]
 
 log = logging.getLogger(__name__)
+
+
+def offered_subprotocols(request: web.Request) -> list[str]:
+    """The subprotocols a WebSocket request offers, from every header line, in order."""
+    return [
+        p.strip()
+        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
+        for p in header.split(",")
+        if p.strip()
+    ]
 
 
 def negotiate(
@@ -32,12 +42,7 @@ def negotiate(
     """A WebSocket response ready to prepare and the dialect chosen (400 otherwise)."""
     if request.headers.get(hdrs.UPGRADE, "").lower() != "websocket":
         raise StatusError(400, f"{subresource} needs a WebSocket upgrade request")
-    offered = [
-        p.strip()
-        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
-        for p in header.split(",")
-        if p.strip()
-    ]
+    offered = offered_subprotocols(request)
     dialect = channels.negotiate(offered, supported)
     if dialect is None:
         listed = ", ".join(p for p in supported if p)
