@@ -1,0 +1,462 @@
+"""Console benchmark: echo latency, session setup rate, idle-session memory.
+
+Run from the checkout: `python -m tests.bench.bench_console [--quick]`.
+It prints markdown tables:
+
+1. Round-trip latency (p50/p99/mean, µs) of small messages through a TCP
+   echo backend: directly over TCP, through subres with raw framing
+   (`plain.kubevirt.io`), and through subres with `v5.channel.k8s.io`.
+2. Console sessions opened and closed per second (TLS handshake, upgrade,
+   backend dial, close handshake), one at a time and with concurrency.
+3. Server memory per idle console session (RSS, PSS and anonymous memory of
+   the server process, after minus before, divided by the sessions), and the
+   server CPU seconds spent opening them.
+
+Everything runs on 127.0.0.1 in separate processes: the echo backend, the
+server (`python -m subres serve`, or the `serve_variant` harness), and, for
+the memory phase, the client processes that hold the sessions. Every wait is
+bounded; every process started is stopped by PID; the temp dir is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import re
+import secrets
+import shlex
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from subres.server import certs
+from tests.bench import memory
+from tests.bench.client import RAW, V5, Target, raise_open_files_limit
+from tests.bench.procs import Child, cpu_seconds, spawn
+
+__all__ = ["Settings", "main"]
+
+WARMUP_FRACTION = 10
+"""One warm-up round trip per this many measured ones (at least 20)."""
+OPEN_TIMEOUT = 30.0
+"""Seconds one session may take to open or close."""
+SERVER_START_TIMEOUT = 60.0
+"""Seconds for the server to load thousands of machines and listen."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one run measures."""
+
+    quick: bool
+    roundtrips: int
+    payload: int
+    sessions: int
+    concurrency: int
+    idle: tuple[int, ...]
+    phases: frozenset[str]
+    variant: str
+    ssl_buffer: int | None
+    tracemalloc: bool
+    shared_ssl_buffer: bool
+    server_env: dict[str, str]
+    """Extra environment for the memory phase's server, e.g. glibc malloc tunables."""
+    budget: float
+    """Seconds the whole run may take before it is cut short."""
+
+    @property
+    def machines(self) -> int:
+        """Machines the standalone file defines: one per concurrent session."""
+        return max((*self.idle, self.concurrency + 2))
+
+
+def parse(argv: Sequence[str] | None) -> Settings:
+    """Settings from the command line; --quick lowers the defaults."""
+    p = argparse.ArgumentParser(prog="python -m tests.bench.bench_console", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small counts, well under a minute")
+    p.add_argument("--roundtrips", type=int, help="round trips per path (2000; quick 300)")
+    p.add_argument("--payload", type=int, default=64, help="bytes per round trip")
+    p.add_argument("--sessions", type=int, help="sessions per rate test (500; quick 100)")
+    p.add_argument("--concurrency", type=int, default=16, help="concurrent opens in rate test")
+    p.add_argument("--idle", help="idle session counts, comma-separated (1000,5000; quick 300)")
+    p.add_argument(
+        "--phases", default="latency,rate,memory", help="which of latency,rate,memory to run"
+    )
+    p.add_argument(
+        "--variant",
+        choices=("serve", "tls", "plain"),
+        default="serve",
+        help="memory phase server: `subres serve`, or the bench harness with or without TLS",
+    )
+    p.add_argument("--ssl-buffer", type=int, help="harness only: asyncio TLS read buffer bytes")
+    p.add_argument(
+        "--shared-ssl-buffer", action="store_true", help="harness only: one TLS read buffer"
+    )
+    p.add_argument(
+        "--tracemalloc", action="store_true", help="harness only: diff Python allocations"
+    )
+    p.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="memory phase: set this in the server's environment (repeatable)",
+    )
+    ns = p.parse_args(argv)
+    idle = ns.idle or ("300" if ns.quick else "1000,5000")
+    variant = ns.variant
+    if variant == "serve" and (ns.ssl_buffer is not None or ns.tracemalloc or ns.shared_ssl_buffer):
+        variant = "tls"
+    return Settings(
+        quick=ns.quick,
+        roundtrips=ns.roundtrips or (300 if ns.quick else 2000),
+        payload=ns.payload,
+        sessions=ns.sessions or (100 if ns.quick else 500),
+        concurrency=ns.concurrency,
+        idle=tuple(sorted(int(n) for n in idle.split(","))),
+        phases=frozenset(ns.phases.split(",")),
+        variant=variant,
+        ssl_buffer=ns.ssl_buffer,
+        tracemalloc=ns.tracemalloc,
+        shared_ssl_buffer=ns.shared_ssl_buffer,
+        server_env=dict(kv.split("=", 1) for kv in ns.server_env),
+        budget=100.0 if ns.quick else 600.0,
+    )
+
+
+# --- setup -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Files:
+    """The server's inputs, written to a temp dir."""
+
+    root: Path
+    token: str
+
+    @property
+    def ca(self) -> Path:
+        """The CA that signed the serving certificate."""
+        return self.root / "certs" / "ca.crt"
+
+
+def write_files(root: Path, machines: int, backend_port: int) -> Files:
+    """Certificates, token file, config and `machines` machines on one echo backend."""
+    certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
+    token = secrets.token_urlsafe(24)
+    (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
+    policy = {"schemes": ["tcp"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
+    (root / "config.yaml").write_text(yaml.safe_dump({"endpointPolicy": policy}))
+    endpoint = f"tcp://127.0.0.1:{backend_port}"
+    docs = (
+        {
+            "apiVersion": "subres.dev/v1alpha1",
+            "kind": "Machine",
+            "metadata": {"name": f"m{i}", "namespace": "default"},
+            "spec": {"console": {"endpoint": endpoint}},
+            "status": {"phase": "Running"},
+        }
+        for i in range(machines)
+    )
+    # CSafeDumper when available: 5,000 documents take seconds with the pure-Python one.
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    (root / "machines.yaml").write_text(yaml.dump_all(docs, Dumper=dumper))
+    return Files(root, token)
+
+
+@dataclass
+class Server:
+    """A running server process and how to reach it."""
+
+    child: Child
+    target: Target
+
+    @property
+    def pid(self) -> int:
+        """The server's PID, for /proc."""
+        return self.child.pid
+
+    async def active_sessions(self, http: aiohttp.ClientSession) -> int:
+        """The server's own count of live sessions (`subres_sessions_active`)."""
+        base = "https" if self.target.scheme == "wss" else "http"
+        url = f"{base}://127.0.0.1:{self.target.port}/metrics"
+        headers = {"Authorization": f"Bearer {self.target.token}"}
+        async with http.get(url, headers=headers, ssl=self.target.ssl_context() or False) as r:
+            text = await r.text()
+        found = re.search(r'^subres_sessions_active\{subresource="console"\} (\S+)', text, re.M)
+        return int(float(found.group(1))) if found else 0
+
+    async def wait_sessions(self, http: aiohttp.ClientSession, count: int) -> None:
+        """Wait until the server reports exactly `count` live sessions (callers bound it)."""
+        # Another process's state: nothing to await but its next answer.
+        while await self.active_sessions(http) != count:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+
+
+def server_args(files: Files, variant: str, settings: Settings) -> tuple[str, list[str]]:
+    """The module to run and its flags."""
+    flags = [
+        *("--standalone", str(files.root / "machines.yaml")),
+        *("--token-auth-file", str(files.root / "tokens.csv")),
+        *("--config", str(files.root / "config.yaml")),
+        *("--secure-port", "0", "--cert-dir", str(files.root / "certs")),
+        *("--bind-address", "127.0.0.1"),
+    ]
+    if variant == "serve":
+        return "subres", ["serve", *flags]
+    if variant == "plain":
+        flags.append("--plain")
+    if settings.ssl_buffer is not None:
+        flags += ["--ssl-buffer", str(settings.ssl_buffer)]
+    if settings.shared_ssl_buffer:
+        flags.append("--shared-ssl-buffer")
+    if settings.tracemalloc:
+        flags += ["--tracemalloc", str(files.root / "trace")]
+    return "tests.bench.serve_variant", flags
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    files: Files, variant: str, settings: Settings, *, memory_phase: bool = False
+) -> AsyncIterator[Server]:
+    """Start a server, learn its port from its log, stop it by PID afterwards."""
+    module, args = server_args(files, variant, settings)
+    log = files.root / f"server-{time.monotonic_ns()}.log"
+    env = settings.server_env if memory_phase else {}
+    child = await spawn(f"server ({variant})", module, *args, log=log, stops_on_eof=False, env=env)
+    try:
+        port = await _port_from_log(child, log)
+        scheme = "ws" if variant == "plain" else "wss"
+        yield Server(child, Target(port=port, ca=files.ca, token=files.token, scheme=scheme))
+    finally:
+        await child.stop()
+
+
+async def _port_from_log(child: Child, log: Path) -> int:
+    async with asyncio.timeout(SERVER_START_TIMEOUT):
+        while child.proc.returncode is None:
+            text = await asyncio.to_thread(log.read_text)
+            if found := re.search(r"serving on https?://[^:]+:(\d+)", text):
+                return int(found.group(1))
+            await asyncio.sleep(0.1)
+    text = await asyncio.to_thread(log.read_text)
+    raise RuntimeError(f"{child.name} exited early:\n{text[-2000:]}")
+
+
+# --- round trips -------------------------------------------------------------------------
+
+
+def summarize(samples_ns: Sequence[int]) -> tuple[float, float, float]:
+    """p50, p99 and mean in microseconds."""
+    ordered = sorted(samples_ns)
+    p50 = ordered[len(ordered) // 2]
+    p99 = ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)]
+    return p50 / 1e3, p99 / 1e3, statistics.fmean(ordered) / 1e3
+
+
+async def tcp_roundtrips(port: int, count: int, payload: bytes) -> list[int]:
+    """Round-trip times (ns) straight to the echo backend, after a warm-up."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        samples = []
+        for i in range(count + warmup(count)):
+            start = time.perf_counter_ns()
+            writer.write(payload)
+            await reader.readexactly(len(payload))
+            if i >= warmup(count):
+                samples.append(time.perf_counter_ns() - start)
+        return samples
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+def warmup(count: int) -> int:
+    """Warm-up round trips before `count` measured ones."""
+    return max(20, count // WARMUP_FRACTION)
+
+
+async def ws_roundtrips(
+    target: Target, machine: str, subprotocol: str, count: int, payload: bytes
+) -> list[int]:
+    """Round-trip times (ns) through subres; v5 frames carry a channel byte."""
+    framed = payload if subprotocol == RAW else b"\x00" + payload
+    header = 0 if subprotocol == RAW else 1
+    async with target.connect(machine, subprotocol, target.ssl_context(), OPEN_TIMEOUT) as ws:
+        if subprotocol != RAW:
+            await ws.recv()  # the empty stdout message that says the stream is up
+        samples = []
+        for i in range(count + warmup(count)):
+            start = time.perf_counter_ns()
+            await ws.send(framed)
+            got = 0
+            while got < len(payload):
+                message = await ws.recv()
+                got += len(message) - header
+            if i >= warmup(count):
+                samples.append(time.perf_counter_ns() - start)
+        return samples
+
+
+async def latency_table(server: Server, backend_port: int, settings: Settings) -> str:
+    """Table 1: echo round trips by path."""
+    payload = os.urandom(settings.payload)
+    n = settings.roundtrips
+    rows = [
+        ("direct TCP to the echo backend", await tcp_roundtrips(backend_port, n, payload)),
+        (
+            f"subres, WebSocket+TLS, `{RAW}`",
+            await ws_roundtrips(server.target, "m0", RAW, n, payload),
+        ),
+        (
+            f"subres, WebSocket+TLS, `{V5}`",
+            await ws_roundtrips(server.target, "m1", V5, n, payload),
+        ),
+    ]
+    lines = [
+        f"### Console echo round trip ({settings.payload}-byte messages, {n} sequential, "
+        f"after {warmup(n)} warm-up)",
+        "",
+        "| path | p50 µs | p99 µs | mean µs |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for label, samples in rows:
+        p50, p99, mean = summarize(samples)
+        lines.append(f"| {label} | {p50:.0f} | {p99:.0f} | {mean:.0f} |")
+    return "\n".join(lines)
+
+
+# --- session rate ------------------------------------------------------------------------
+
+
+async def open_close(target: Target, machine: str, tls: ssl.SSLContext | None) -> None:
+    """One whole session: TLS, upgrade (after the backend dial), close handshake."""
+    async with target.connect(machine, RAW, tls, OPEN_TIMEOUT):
+        pass
+
+
+async def session_rate(server: Server, total: int, concurrency: int) -> str:
+    """One table row: `total` sessions opened and closed, `concurrency` at a time."""
+    tls = server.target.ssl_context()
+    todo = iter(range(total))
+    failures: list[str] = []
+
+    async def worker(machine: str) -> None:
+        # One machine per worker: no session takes over another's console.
+        for _ in todo:
+            try:
+                await open_close(server.target, machine, tls)
+            except Exception as exc:  # a failed session is counted, not fatal
+                failures.append(repr(exc))
+
+    cpu0, client0, start = cpu_seconds(server.pid), time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker(f"m{w}") for w in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    server_cpu = cpu_seconds(server.pid) - cpu0
+    client_cpu = time.process_time() - client0
+    ok = total - len(failures)
+    note = f" (first: {failures[0][:80]})" if failures else ""
+    return (
+        f"| {concurrency} | {total} | {len(failures)}{note} | {ok / elapsed:.0f} | "
+        f"{1e3 * server_cpu / total:.2f} | {1e3 * client_cpu / total:.2f} |"
+    )
+
+
+async def rate_table(server: Server, settings: Settings) -> str:
+    """Table 2: sessions per second, sequential and concurrent."""
+    await session_rate(server, min(20, settings.sessions), 1)  # warm-up, not reported
+    rows = [await session_rate(server, settings.sessions, c) for c in (1, settings.concurrency)]
+    return "\n".join(
+        [
+            "### Console sessions opened and closed per second "
+            "(TLS handshake + upgrade + backend dial + close; raw framing)",
+            "",
+            "| concurrency | sessions | failed | sessions/s | server CPU ms/session "
+            "| client CPU ms/session |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+            *rows,
+        ]
+    )
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+def header(argv: Sequence[str]) -> str:
+    """What was run, where, with what."""
+    command = " ".join(["python -m tests.bench.bench_console", *map(shlex.quote, argv)])
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return "\n".join(
+        [
+            "## subres console benchmark",
+            "",
+            f"- rerun: `cd {Path(__file__).resolve().parents[2]} && {command}`",
+            f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
+            f"{platform.platform()}",
+            f"- Python {platform.python_version()}, aiohttp {version('aiohttp')}, "
+            f"websockets {version('websockets')}, {ssl.OPENSSL_VERSION}",
+            "- client: `websockets` asyncio client, compression off, TLS with an ECDSA "
+            "certificate; all traffic on 127.0.0.1",
+            "- the cores are shared with other work: treat numbers as noisy",
+        ]
+    )
+
+
+def emit(text: str) -> None:
+    """Print a block as soon as it is measured, so partial runs still report."""
+    print(text + "\n", flush=True)
+
+
+async def run(settings: Settings, argv: Sequence[str]) -> None:
+    """Every phase asked for, inside the run's time budget."""
+    emit(header(argv))
+    with tempfile.TemporaryDirectory(prefix="subres-bench-") as tmp:
+        echo = await spawn("echo backend", "tests.bench.echo_backend")
+        try:
+            async with asyncio.timeout(10):
+                found = await echo.expect(r"port (\d+)")
+            backend_port = int(found.group(1))
+            files = write_files(Path(tmp), settings.machines, backend_port)
+            async with asyncio.timeout(settings.budget):
+                await run_phases(settings, files, backend_port)
+        finally:
+            await echo.stop()
+
+
+async def run_phases(settings: Settings, files: Files, backend_port: int) -> None:
+    """Latency and rate share one server; memory gets a fresh one with a clean heap."""
+    if settings.phases & {"latency", "rate"}:
+        async with running_server(files, "serve", settings) as server:
+            if "latency" in settings.phases:
+                emit(await latency_table(server, backend_port, settings))
+            if "rate" in settings.phases:
+                emit(await rate_table(server, settings))
+    if "memory" in settings.phases:
+        async with (
+            running_server(files, settings.variant, settings, memory_phase=True) as server,
+            aiohttp.ClientSession() as http,
+        ):
+            emit(await memory.idle_table(server, http, files.root, settings))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    raise_open_files_limit()
+    asyncio.run(run(parse(args), args))
+
+
+if __name__ == "__main__":
+    main()

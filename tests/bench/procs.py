@@ -1,0 +1,117 @@
+"""Processes the benchmarks start, and what `/proc` says about them.
+
+Every child is started here, remembered by PID and stopped by PID: its stdin
+is closed first (the bench children exit on EOF), then SIGTERM, then SIGKILL,
+each step bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Child", "cpu_seconds", "memory_kib", "spawn"]
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout: children run from here so `python -m tests.bench…` imports work."""
+STOP_TIMEOUT = 10.0
+"""Seconds a child gets for each step of stopping."""
+
+
+@dataclass
+class Child:
+    """A started process; its stdout is a pipe unless it was sent to a file."""
+
+    name: str
+    proc: asyncio.subprocess.Process
+    stops_on_eof: bool = True
+    """Whether closing stdin makes it exit (the bench's own children do; servers don't)."""
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.proc.pid
+
+    async def expect(self, pattern: str) -> re.Match[str]:
+        """The first stdout line matching `pattern` (callers bound the wait)."""
+        assert self.proc.stdout is not None
+        while line := (await self.proc.stdout.readline()).decode():
+            if match := re.search(pattern, line):
+                return match
+        raise RuntimeError(f"{self.name} exited (code {await self.proc.wait()}) before {pattern!r}")
+
+    def close_stdin(self) -> None:
+        """Tell a bench child to finish: they all stop when stdin reaches EOF."""
+        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+
+    async def stop(self) -> int:
+        """Stop the process by its PID, politely first; its exit code."""
+        self.close_stdin()
+        first = [None] if self.stops_on_eof else []
+        for sig in (*first, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None and self.proc.returncode is None:
+                self.proc.send_signal(sig)
+            try:
+                async with asyncio.timeout(STOP_TIMEOUT):
+                    return await self.proc.wait()
+            except TimeoutError:
+                continue
+        raise RuntimeError(f"{self.name} (pid {self.pid}) did not exit after SIGKILL")
+
+
+async def spawn(
+    name: str,
+    module: str,
+    *args: str,
+    log: Path | None = None,
+    stops_on_eof: bool = True,
+    env: dict[str, str] | None = None,
+) -> Child:
+    """Start `python -m module args…` from the checkout; stderr to `log` when given.
+
+    `env` adds to (not replaces) this process's environment.
+    """
+    stderr = log.open("ab") if log is not None else None
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            *args,
+            cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            env={**os.environ, **(env or {})},
+        )
+    finally:
+        if stderr is not None:
+            stderr.close()
+    return Child(name, proc, stops_on_eof)
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """Rss, Pss and Anonymous of `pid` in KiB, from smaps_rollup (VmRSS if absent)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+        return {"Rss": rss, "Pss": rss, "Anonymous": rss}
+    fields = dict(re.findall(r"^(\w+):\s+(\d+) kB", text, re.MULTILINE))
+    return {k: int(fields[k]) for k in ("Rss", "Pss", "Anonymous")}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds `pid` has used so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # The command name may hold spaces and parentheses: fields start after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
