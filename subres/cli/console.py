@@ -289,11 +289,13 @@ class _Session:
         try:
             with terminal.on_signals((signal.SIGTERM, signal.SIGHUP), stopped.set):
                 await asyncio.wait({up, down, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if stop.done():
-                    raise ConsoleError("stopped by a signal")
                 if up.done() and up.result():
                     return 0
-                await down
+                # stdin ended (or the server is closing): output flows until the server is done.
+                await asyncio.wait({down, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if stop.done():
+                    raise ConsoleError("stopped by a signal")
+                down.result()
             return self._outcome()
         finally:
             for task in tasks:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
+import termios
 import threading
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -290,3 +292,27 @@ def test_unreachable_server(workdir: Path, kubeconfig: Callable[[FakeConsole], P
     done = run_cli(["--kubeconfig", config, "console", "m1"], home=workdir)
     assert done.returncode == 1
     assert done.stderr.startswith(f"error: cannot connect to {url}: ".encode())
+
+
+def test_sigterm_ends_the_session_and_restores_the_terminal(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    with FakeConsole(interactive) as fake:
+        child = pexpect.spawn(
+            cli()[0],
+            cli("--kubeconfig", kubeconfig(fake), "console", "m1")[1:],
+            env=cli_env(workdir),
+            timeout=WAIT,
+        )
+        try:
+            child.expect_exact(b"ready")
+            fake.next_on(4)
+            # The leader side reports the follower's modes (Linux), even after the child exits.
+            assert not termios.tcgetattr(child.child_fd)[3] & termios.ICANON
+            child.kill(signal.SIGTERM)
+            child.expect_exact(b"error: stopped by a signal")
+            child.expect(pexpect.EOF)
+            assert termios.tcgetattr(child.child_fd)[3] & termios.ICANON
+        finally:
+            child.close(force=True)
+    assert child.exitstatus == 1
