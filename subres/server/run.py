@@ -22,7 +22,7 @@ from subres.auth.tokenfile import TokenFile
 from subres.kube.cache import ParentCache
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import certs
+from subres.server import certs, tls
 from subres.server.options import Options
 from subres.server.state import State
 from subres.server.tls import ReloadingTLS
@@ -49,6 +49,7 @@ class Server:
 
     async def start(self) -> int:
         """Listen and start the watchers; the port actually bound."""
+        tls.share_read_buffer()
         self.runner = web.AppRunner(
             application.build(self.state),
             handle_signals=False,
