@@ -11,6 +11,7 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 
 from subres.kube.status import StatusError
+from subres.server import portforward_ws
 from subres.server.state import State
 
 __all__ = ["TUNNEL_PROTOCOL", "handle", "handle_port"]
@@ -35,10 +36,10 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     if upgrade == "websocket" and TUNNEL_PROTOCOL in _offered(request):
         raise StatusError(501, "tunnelled SPDY port-forward is not implemented yet")
     if upgrade == "websocket":
-        raise StatusError(501, "WebSocket port-forward is not implemented yet")
+        return await portforward_ws.handle_channels(state, request)
     raise StatusError(400, "portforward needs a SPDY/3.1 or WebSocket upgrade request")
 
 
 async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
     """KubeVirt-style: one raw WebSocket per forwarded connection."""
-    raise StatusError(501, "KubeVirt-style port-forward is not implemented yet")
+    return await portforward_ws.handle_port(state, request)
