@@ -11,7 +11,7 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 
 from subres.kube.status import StatusError
-from subres.server import portforward_ws
+from subres.server import portforward_spdy, portforward_ws
 from subres.server.state import State
 
 __all__ = ["TUNNEL_PROTOCOL", "handle", "handle_port"]
@@ -32,9 +32,9 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """Dispatch a Kubernetes-style port-forward by its upgrade."""
     upgrade = request.headers.get(hdrs.UPGRADE, "").lower()
     if upgrade == "spdy/3.1":
-        raise StatusError(501, "port-forward over SPDY/3.1 is not implemented yet")
+        return await portforward_spdy.handle_spdy(state, request)
     if upgrade == "websocket" and TUNNEL_PROTOCOL in _offered(request):
-        raise StatusError(501, "tunnelled SPDY port-forward is not implemented yet")
+        return await portforward_spdy.handle_tunnel(state, request)
     if upgrade == "websocket":
         return await portforward_ws.handle_channels(state, request)
     raise StatusError(400, "portforward needs a SPDY/3.1 or WebSocket upgrade request")

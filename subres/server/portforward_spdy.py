@@ -1,0 +1,185 @@
+"""Kubernetes port-forward over SPDY/3.1 (`portforward.k8s.io`), direct or tunnelled in a WebSocket.
+
+The machine is resolved before any upgrade (404/409 stay HTTP Status). After
+it, kubelet's stream-pair protocol (`protocol.portforward`) runs on a
+`SpdySession`: every completed error/data pair is one forwarded connection to
+a port the machine allows, pumped with half-close both ways. A pair that
+fails (port not allowed, dial error, pairing timeout) gets a plain-text
+message on its error stream and both its streams end, as kubelet does; the
+connection and its other pairs live on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from subres.kube.status import StatusError
+from subres.protocol import httpstream
+from subres.protocol import portforward as pairs
+from subres.server import middleware, subresource
+from subres.server.state import State
+from subres.server.subresource import Target
+from subres.streams import upgrade
+from subres.streams.pump import Ending, pump
+from subres.streams.spdy import SpdySession, SpdyStream, WebSocketCarrier
+
+__all__ = ["PAIRING_TIMEOUT", "handle_spdy", "handle_tunnel", "refusal"]
+
+log = logging.getLogger(__name__)
+
+PAIRING_TIMEOUT = pairs.PAIRING_TIMEOUT
+"""Seconds a stream waits for the other of its pair; read at each connection (tests shorten it)."""
+
+
+async def handle_spdy(state: State, request: web.Request) -> web.StreamResponse:
+    """`Upgrade: SPDY/3.1`: negotiate `portforward.k8s.io`, answer 101, serve the pairs."""
+    target = subresource.resolve(state, request, "portforward")
+    try:
+        protocol = httpstream.negotiate(
+            request.headers.getall(httpstream.VERSION_HEADER, None), (pairs.PROTOCOL,)
+        )
+    except httpstream.HandshakeRefused as exc:
+        return refusal(exc)
+    response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
+    await _serve(
+        state, target, SpdySession(socket, ping_interval=state.config.session.ping_interval)
+    )
+    return response
+
+
+async def handle_tunnel(state: State, request: web.Request) -> web.StreamResponse:
+    """A WebSocket offering `SPDY/3.1+portforward.k8s.io`: SPDY in binary messages."""
+    target = subresource.resolve(state, request, "portforward")
+    session = state.config.session
+    ws = web.WebSocketResponse(
+        protocols=(pairs.TUNNEL_PROTOCOL,),
+        compress=False,
+        heartbeat=session.ping_interval,
+        max_msg_size=session.max_message,
+    )
+    if not ws.can_prepare(request).ok:
+        raise StatusError(400, "malformed WebSocket upgrade request for portforward")
+    await ws.prepare(request)
+    await _serve(state, target, SpdySession(WebSocketCarrier(ws)))
+    return ws
+
+
+def refusal(exc: httpstream.HandshakeRefused) -> web.Response:
+    """The Status answer to a refused SPDY handshake, listing what we accept on a 403."""
+    response = middleware.status_response(StatusError(exc.code, exc.message))
+    for protocol in exc.accepted:
+        response.headers.add(httpstream.ACCEPTED_HEADER, protocol)
+    return response
+
+
+async def _serve(state: State, target: Target, session: SpdySession) -> None:
+    forwarder = _Forwarder(state, target, session)
+    state.sessions.start(None, session)
+    try:
+        async with session:
+            await forwarder.run()
+    finally:
+        state.sessions.end(None, session)
+
+
+class _Forwarder:
+    """The pairs of one connection: waiting streams, pairing deadlines, forwarding tasks."""
+
+    def __init__(self, state: State, target: Target, session: SpdySession) -> None:
+        self.state = state
+        self.target = target
+        self.session = session
+        self.pairing = pairs.Pairing(timeout=PAIRING_TIMEOUT)
+        self.waiting: dict[int, SpdyStream] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Accept streams until the session ends, then wait for the forwards to finish."""
+        try:
+            while (stream := await self._next()) is not None:
+                self._add(stream)
+        finally:
+            for stream in self.waiting.values():
+                stream.reset()
+            if self.tasks:
+                # Every stream is gone with the session, so the pumps end promptly.
+                await asyncio.wait(self.tasks)
+
+    async def _next(self) -> SpdyStream | None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                async with asyncio.timeout_at(self.pairing.next_deadline()):
+                    return await self.session.accept()
+            except TimeoutError:
+                for expired in self.pairing.expire(loop.time()):
+                    self._spawn(self._timed_out(expired))
+
+    def _add(self, stream: SpdyStream) -> None:
+        try:
+            checked = pairs.check(stream.stream_id, stream.headers)
+        except pairs.StreamRefused as exc:
+            log.info("refusing port-forward stream %d: %s", stream.stream_id, exc)
+            stream.reset()
+            return
+        event = self.pairing.add(checked, now=asyncio.get_running_loop().time())
+        if isinstance(event, pairs.StreamDuplicated):
+            stream.reset()
+            if event.error_id is not None:
+                self._spawn(_tell(self.waiting[event.error_id], event.message))
+            return
+        stream.reply()
+        self.waiting[stream.stream_id] = stream
+        if isinstance(event, pairs.PairCompleted):
+            error = self.waiting.pop(event.error_id)
+            data = self.waiting.pop(event.data_id)
+            self._spawn(self._forward(error, data, event.port))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _timed_out(self, event: pairs.PairTimedOut) -> None:
+        log.info("port-forward %s", event.message)
+        ended = [self.waiting.pop(i) for i in (event.error_id, event.data_id) if i is not None]
+        if event.error_id is not None:
+            await _tell(ended[0], event.message)
+        for stream in ended:
+            await stream.close()
+
+    async def _forward(self, error: SpdyStream, data: SpdyStream, port: int) -> None:
+        name = self.target.spec.name
+        try:
+            url = subresource.forward_url(self.target, port)
+            backend = await subresource.connect(self.state, self.target, url)
+        except StatusError as exc:
+            message = f"error forwarding port {port} to {self.target.describe()}: {exc.message}"
+            log.info("%s", message)
+            await _tell(error, message)
+            await error.close()
+            await data.close()
+            return
+        ending = Ending.ERROR
+        active = self.state.metrics.sessions_active.labels(name)
+        active.inc()
+        try:
+            ending = await pump(data, backend)
+        finally:
+            active.dec()
+            await backend.close()
+            await error.close()
+            await data.close()
+            self.state.metrics.sessions.labels(name, ending.value).inc()
+
+
+async def _tell(error: SpdyStream, message: str) -> None:
+    """Write `message` on an error stream; a stream already gone is left alone."""
+    with contextlib.suppress(ConnectionResetError):
+        await error.write(message.encode())
