@@ -1,10 +1,11 @@
-"""`…/{resource}/{name}/console`: the serial console over WebSocket."""
+"""`…/{resource}/{name}/console`: the serial console over WebSocket, or SPDY remote-command."""
 
 from __future__ import annotations
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
-from subres.server import streaming, subresource
+from subres.protocol import httpstream
+from subres.server import remotecommand, streaming, subresource
 from subres.server.state import State
 
 __all__ = ["SUBPROTOCOLS", "handle"]
@@ -23,6 +24,10 @@ SUBPROTOCOLS = (
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """Check, negotiate, dial, then upgrade and stream; one console per machine."""
+    if httpstream.is_spdy_upgrade(
+        request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
+    ):
+        return await remotecommand.handle(state, request)
     target = subresource.resolve(state, request, "console")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)

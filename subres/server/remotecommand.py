@@ -1,0 +1,203 @@
+"""`…/console` over SPDY/3.1 remote-command streams, as client-go's SPDY executor speaks them.
+
+Protocols `v4.channel.k8s.io` down to `channel.k8s.io`, as kubelet serves
+them over SPDY. client-go v0.37 also offers `v5.channel.k8s.io` first (and
+would treat it as v4); kubelet does not accept v5 over SPDY, so neither do
+we, and client-go settles on v4.
+
+The client opens streams named by their `streamtype` header: `error`, then
+`stdin`, `stdout`, (`stderr`), `resize`, waiting for each reply. stdin goes
+to the backend, the backend's output to stdout; resize messages are parsed
+and dropped (a serial line has no size). When the backend closes: stdout
+ends, v4 reports a Success `Status` on the error stream, and the session
+closes cleanly. One console per machine: a newer session takes over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from aiohttp import web
+
+from subres.backends.stream import ByteStream
+from subres.kube.status import failure, success
+from subres.protocol import channels, httpstream
+from subres.protocol.channels import ChannelError
+from subres.server import portforward_spdy, subresource
+from subres.server.state import State
+from subres.server.subresource import Target
+from subres.streams import upgrade
+from subres.streams.pump import Ending, pump
+from subres.streams.sessions import SessionKey
+from subres.streams.spdy import SpdySession, SpdyStream
+from subres.streams.websocket import CloseCode
+
+__all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "handle"]
+
+log = logging.getLogger(__name__)
+
+V4 = "v4.channel.k8s.io"
+PROTOCOLS = (V4, "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
+STREAM_TYPES = frozenset({"error", "stdin", "stdout", "stderr", "resize"})
+STREAM_TIMEOUT = 30.0
+"""Seconds backend output waits for the client's stdout stream (kubelet's creation timeout)."""
+
+
+async def handle(state: State, request: web.Request) -> web.StreamResponse:
+    """Check, negotiate, dial, then upgrade to SPDY and stream; one console per machine."""
+    target = subresource.resolve(state, request, "console")
+    url = subresource.endpoint_url(target)
+    try:
+        protocol = httpstream.negotiate(
+            request.headers.getall(httpstream.VERSION_HEADER, None), PROTOCOLS
+        )
+    except httpstream.HandshakeRefused as exc:
+        return portforward_spdy.refusal(exc)
+    backend = await subresource.connect(state, target, url)
+    ending = Ending.ERROR
+    try:
+        response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
+        session = SpdySession(socket, ping_interval=state.config.session.ping_interval)
+        async with session:
+            ending = await _serve(state, target, RemoteCommandClient(session, protocol), backend)
+    finally:
+        await backend.close()
+        state.metrics.sessions.labels(target.spec.name, ending.value).inc()
+        log.info("console of %s over SPDY ended by %s", target.describe(), ending.value)
+    return response
+
+
+async def _serve(
+    state: State, target: Target, client: RemoteCommandClient, backend: ByteStream
+) -> Ending:
+    key = SessionKey(target.spec.name, target.namespace, target.name)
+    active = state.metrics.sessions_active.labels(target.spec.name)
+    accepting = asyncio.create_task(client.accept_streams())
+    state.sessions.start(key, client)
+    active.inc()
+    try:
+        return await pump(client, backend)
+    finally:
+        active.dec()
+        state.sessions.end(key, client)
+        await client.session.close()
+        await asyncio.wait([accepting])
+
+
+class RemoteCommandClient:
+    """The client side of a console session over SPDY streams: a `ClientStream`."""
+
+    def __init__(self, session: SpdySession, protocol: str) -> None:
+        self.session = session
+        self.protocol = protocol
+        self.streams: dict[str, SpdyStream] = {}
+        self._arrived = asyncio.Event()
+        self._done = False
+
+    @property
+    def gone(self) -> bool:
+        """The session ended, or we finished it."""
+        return self._done or self.session.ended
+
+    async def accept_streams(self) -> None:
+        """Take the client's streams until the session ends; drain resize messages."""
+        resizing: set[asyncio.Task[None]] = set()
+        try:
+            while (stream := await self.session.accept()) is not None:
+                kind = stream.header("streamtype")
+                if kind not in STREAM_TYPES or kind in self.streams or self._done:
+                    log.info("refusing remote-command stream %r", kind)
+                    stream.reset()
+                    continue
+                stream.reply()
+                self.streams[kind] = stream
+                self._arrived.set()
+                if kind == "resize":
+                    resizing.add(asyncio.create_task(_drain_resizes(stream)))
+        finally:
+            self._arrived.set()
+            if resizing:
+                await asyncio.wait(resizing)
+
+    async def _stream(self, kind: str) -> SpdyStream | None:
+        while kind not in self.streams and not self.gone:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return None if self.gone else self.streams.get(kind)
+
+    async def read(self) -> bytes:
+        """stdin bytes; b"" at its half-close, then again once the session is over."""
+        stdin = await self._stream("stdin")
+        if stdin is not None and not stdin.gone:
+            return await stdin.read()
+        # No stdin, or the client reset it: nothing more comes until the end.
+        await self._wait_gone()
+        return b""
+
+    async def _wait_gone(self) -> None:
+        while not self.gone:
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    async def write(self, data: bytes) -> None:
+        """Backend output to stdout, once the client opened it."""
+        try:
+            async with asyncio.timeout(STREAM_TIMEOUT):
+                stdout = await self._stream("stdout")
+        except TimeoutError:
+            await self.abort("timed out waiting for the client to create the stdout stream")
+            raise ConnectionResetError("no stdout stream") from None
+        if stdout is None:
+            raise ConnectionResetError("the console session is over")
+        await stdout.write(data)
+
+    async def write_eof(self) -> None:
+        """The backend ended: end stdout and stderr, report success (v4), finish."""
+        for kind in ("stdout", "stderr"):
+            if kind in self.streams:
+                await self.streams[kind].write_eof()
+        await self._finish(json.dumps(success()) if self.protocol == V4 else "")
+
+    async def abort(self, reason: str) -> None:
+        """Report `reason` as a failure on the error stream and finish."""
+        await self.close(CloseCode.INTERNAL_ERROR, reason)
+
+    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
+        """Finish the session (a takeover, a shutdown), reporting `reason` unless it is normal."""
+        message = ""
+        if code != CloseCode.NORMAL and reason:
+            message = json.dumps(failure(500, reason)) if self.protocol == V4 else reason
+        await self._finish(message)
+
+    async def _finish(self, message: str) -> None:
+        """Write `message` on the error stream, end it, and wake the pump to leave.
+
+        The session itself closes when the handler leaves: resets, GOAWAY,
+        and a wait for the client to hang up first.
+        """
+        if self._done:
+            return
+        self._done = True
+        error = self.streams.get("error")
+        if error is not None:
+            try:
+                if message:
+                    await error.write(message.encode())
+                await error.write_eof()
+            except ConnectionResetError:
+                log.debug("error stream gone before the report")
+        for stream in self.streams.values():
+            await stream.close()
+        self._arrived.set()
+
+
+async def _drain_resizes(stream: SpdyStream) -> None:
+    while data := await stream.read():
+        try:
+            sizes = channels.parse_resize(data)
+        except ChannelError as exc:
+            log.debug("ignoring resize: %s", exc)
+            continue
+        log.debug("console resized to %s", sizes)
