@@ -39,6 +39,8 @@ class CloseCode:
 class WebSocketClient:
     """A `ClientStream` over a prepared `WebSocketResponse`."""
 
+    __slots__ = ("_gone", "_on_resize", "dialect", "ws")
+
     def __init__(
         self,
         ws: web.WebSocketResponse,
