@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from subres.cli import console
+from subres.cli import console, portforward
 
 __all__ = ["add_client_flags", "add_verbs"]
 
@@ -39,3 +39,11 @@ def add_verbs(verbs: Any) -> None:
     console.add_arguments(parser)
     add_client_flags(parser, on_verb=True)
     parser.set_defaults(func=console.main)
+    parser = verbs.add_parser(
+        "port-forward",
+        help="forward local ports (or stdin/stdout) to a machine's ports",
+        description="Forward local ports, or stdin/stdout with --stdio, to ports of a machine.",
+    )
+    portforward.add_arguments(parser)
+    add_client_flags(parser, on_verb=True)
+    parser.set_defaults(func=portforward.main)

@@ -1,0 +1,442 @@
+"""`subres port-forward`: local ports (or stdin/stdout) forwarded to a machine, like virtctl's.
+
+Owns the verb's flags and port syntax (`[tcp|udp/]LOCAL[:REMOTE]`), the local
+listeners (TCP, and UDP with one flow per client address), the `--stdio` mode
+for ssh's ProxyCommand, and the transports that carry each forwarded
+connection. The default transport opens one KubeVirt-style WebSocket per
+connection (`…/portforward/{port}/{tcp|udp}`): every connection is its own
+HTTP upgrade, so nothing is multiplexed and any proxy that passes WebSockets
+passes it. A local EOF becomes a close frame while replies keep coming, and
+for UDP each datagram is one message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote, urlsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.typing import Subprotocol
+
+from subres.cli import kubeconfig, terminal
+from subres.cli.kubeconfig import ClientConfig
+
+__all__ = [
+    "DEFAULT_GROUP_VERSION",
+    "TRANSPORTS",
+    "ForwardError",
+    "Link",
+    "PortSpec",
+    "WebSocketTransport",
+    "add_arguments",
+    "main",
+    "parse_port",
+    "parse_target",
+]
+
+DEFAULT_GROUP_VERSION = "subresources.subres.dev/v1alpha1"
+SUBPROTOCOL = "plain.kubevirt.io"
+READ_SIZE = 65536
+MAX_MESSAGE = 4 * 1024 * 1024
+OPEN_TIMEOUT = 30.0
+HALF_CLOSE_TIMEOUT = 60.0
+"""After our close frame, seconds the remote side may keep replying."""
+UDP_QUEUE = 256
+"""Datagrams held per UDP flow while its WebSocket opens or is slow; more are dropped."""
+
+
+class ForwardError(Exception):
+    """Ends the command: printed as `error: …`, exit code 1."""
+
+
+@dataclass(frozen=True)
+class PortSpec:
+    """One forwarded port: `protocol` is tcp or udp; `local` 0 picks a free port."""
+
+    protocol: str
+    local: int
+    remote: int
+
+
+@dataclass(frozen=True)
+class Target:
+    """The machine: the plural resource and the name."""
+
+    resource: str
+    name: str
+
+
+def parse_target(text: str) -> Target:
+    """`NAME` or `KIND/NAME`; the kind defaults to `machine`."""
+    kind, _, name = text.rpartition("/")
+    kind = kind.lower() or "machine"
+    if not name or "/" in kind:
+        raise ForwardError(f"expected NAME or KIND/NAME, got {text!r}")
+    return Target(resource=kind if kind.endswith("s") else kind + "s", name=name)
+
+
+def parse_port(text: str) -> PortSpec:
+    """`[tcp|udp/]LOCAL[:REMOTE]`; REMOTE defaults to LOCAL; an empty or 0 LOCAL is any port."""
+    protocol, _, ports = text.rpartition("/")
+    protocol = protocol.lower() or "tcp"
+    if protocol not in ("tcp", "udp"):
+        raise argparse.ArgumentTypeError(f"protocol must be tcp or udp in {text!r}")
+    local_text, _, remote_text = ports.partition(":")
+    remote_text = remote_text or local_text
+    local = _number(local_text or "0", text, low=0)
+    remote = _number(remote_text, text, low=1)
+    return PortSpec(protocol=protocol, local=local, remote=remote)
+
+
+def _number(value: str, text: str, *, low: int) -> int:
+    if value.isascii() and value.isdigit() and low <= int(value) <= 0xFFFF:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"invalid port in {text!r} (want [tcp|udp/]LOCAL[:REMOTE])")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `port-forward` flags (the client connection flags are added by the caller)."""
+    parser.add_argument("target", metavar="[machine/]NAME", help="the machine to forward to")
+    parser.add_argument(
+        "ports",
+        metavar="[tcp|udp/]LOCAL[:REMOTE]",
+        nargs="+",
+        type=parse_port,
+        help="a local port and the machine's port (default: the same); LOCAL 0 picks one",
+    )
+    parser.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="local address to listen on (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--stdio",
+        action="store_true",
+        help="forward stdin/stdout to the one port given (for ssh -o ProxyCommand)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=sorted(TRANSPORTS),
+        default="websocket",
+        help="how each connection reaches the server (websocket: one WebSocket per connection)",
+    )
+    parser.add_argument(
+        "--api-group-version", default=DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+    )
+
+
+def main(ns: argparse.Namespace) -> int:
+    """Forward until interrupted (or, with --stdio, until the connection ends)."""
+    try:
+        target = parse_target(ns.target)
+        if ns.stdio and (len(ns.ports) != 1 or ns.ports[0].protocol != "tcp"):
+            raise ForwardError("--stdio forwards exactly one tcp port")
+        config = kubeconfig.from_args(ns)
+        transport = TRANSPORTS[ns.transport](
+            config, group_version=ns.api_group_version, target=target
+        )
+        if ns.stdio:
+            return asyncio.run(_stdio(transport, ns.ports[0].remote))
+        return asyncio.run(_listen(transport, ns.ports, address=ns.address))
+    except (kubeconfig.KubeconfigError, ForwardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+class Link(Protocol):
+    """One forwarded connection (or UDP flow) as a transport carries it."""
+
+    async def send(self, data: bytes) -> None:
+        """Send a chunk (UDP: one datagram)."""
+        ...
+
+    async def receive(self) -> bytes | None:
+        """The next chunk (UDP: datagram); None once the remote side is done."""
+        ...
+
+    async def half_close(self) -> None:
+        """No more sends; replies keep arriving until the remote side ends."""
+        ...
+
+    async def close(self) -> None:
+        """End at once."""
+        ...
+
+
+class Transport(Protocol):
+    """How forwarded connections reach the server."""
+
+    async def open(self, remote: int, protocol: str) -> Link:
+        """A connection to the machine's `remote` port; `ForwardError` when refused."""
+        ...
+
+
+class WebSocketLink:
+    """A `Link` over one KubeVirt-style raw WebSocket."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self._ws = ws
+        self._closing: asyncio.Task[None] | None = None
+
+    async def send(self, data: bytes) -> None:
+        await self._ws.send(data)
+
+    async def receive(self) -> bytes | None:
+        try:
+            message = await self._ws.recv()
+        except ConnectionClosed:
+            return None
+        return message.encode() if isinstance(message, str) else message
+
+    async def half_close(self) -> None:
+        # The server answers our close frame only after the machine's side ended,
+        # so replies keep arriving meanwhile; receive() returns None after them.
+        if self._closing is None:
+            self._closing = asyncio.create_task(self._ws.close())
+
+    async def close(self) -> None:
+        await self._ws.close()
+        if self._closing is not None:
+            await self._closing
+
+
+class WebSocketTransport:
+    """One WebSocket per forwarded connection, at `…/portforward/{port}/{protocol}`."""
+
+    def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
+        self._config = config
+        parts = urlsplit(config.server)
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        path = "/".join(
+            quote(s, safe="")
+            for s in ("namespaces", config.namespace, target.resource, target.name)
+        )
+        self._base = (
+            f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/apis/{group_version}/{path}"
+        )
+
+    async def open(self, remote: int, protocol: str) -> Link:
+        tls: dict[str, Any] = {}
+        if self._base.startswith("wss:"):
+            tls["ssl"] = self._config.ssl
+            if self._config.server_hostname:
+                tls["server_hostname"] = self._config.server_hostname
+        try:
+            ws = await connect(
+                f"{self._base}/portforward/{remote}/{protocol}",
+                subprotocols=[Subprotocol(SUBPROTOCOL)],
+                additional_headers=dict(self._config.headers),
+                compression=None,
+                max_size=MAX_MESSAGE,
+                open_timeout=OPEN_TIMEOUT,
+                close_timeout=HALF_CLOSE_TIMEOUT,
+                **tls,
+            )
+        except InvalidStatus as exc:
+            raise ForwardError(
+                _status_message(exc.response.body, exc.response.status_code)
+            ) from None
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise ForwardError(f"cannot connect to {self._config.server}: {exc}") from None
+        return WebSocketLink(ws)
+
+
+TRANSPORTS: dict[str, Callable[..., Transport]] = {"websocket": WebSocketTransport}
+"""Transports by `--transport` name; others (SPDY, tunnelled SPDY) can be added here."""
+
+
+def _status_message(body: bytes | bytearray | None, code: int) -> str:
+    try:
+        status = json.loads(body or b"")
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return (body or b"").decode("utf-8", "replace").strip() or f"the server answered {code}"
+
+
+async def _bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link) -> None:
+    """Copy both ways: local EOF half-closes the link; the link's end ends the local side."""
+    up = asyncio.create_task(_up(reader, link))
+    try:
+        while (data := await link.receive()) is not None:
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError:
+        pass  # the local peer went away
+    finally:
+        up.cancel()
+        await asyncio.wait([up])
+        await link.close()
+
+
+async def _up(reader: asyncio.StreamReader, link: Link) -> None:
+    try:
+        while data := await reader.read(READ_SIZE):
+            await link.send(data)
+    except (OSError, ConnectionClosed):
+        await link.close()
+        return
+    await link.half_close()
+
+
+async def _listen(transport: Transport, specs: list[PortSpec], *, address: str) -> int:
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        for spec in specs:
+            bound = await _start(stack, transport, spec, address)
+            print(f"Forwarding from {address}:{bound} -> {spec.remote}/{spec.protocol}", flush=True)
+        with terminal.on_signals((signal.SIGINT, signal.SIGTERM), stop.set):
+            await stop.wait()
+    return 0
+
+
+async def _start(
+    stack: contextlib.AsyncExitStack, transport: Transport, spec: PortSpec, address: str
+) -> int:
+    """Listen for `spec`; the local port bound."""
+    try:
+        if spec.protocol == "udp":
+            relay = await _UdpRelay.start(transport, spec, address)
+            stack.push_async_callback(relay.close)
+            return relay.port
+        server = await asyncio.start_server(
+            lambda r, w: _serve_tcp(transport, spec, r, w), address, spec.local
+        )
+    except OSError as exc:
+        raise ForwardError(f"cannot listen on {address}:{spec.local}: {exc.strerror}") from None
+    stack.push_async_callback(_stop_server, server)
+    return int(server.sockets[0].getsockname()[1])
+
+
+async def _stop_server(server: asyncio.Server) -> None:
+    server.close()
+    await server.wait_closed()
+
+
+async def _serve_tcp(
+    transport: Transport,
+    spec: PortSpec,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    try:
+        link = await transport.open(spec.remote, "tcp")
+    except ForwardError as exc:
+        print(f"error: port {spec.remote}: {exc}", file=sys.stderr, flush=True)
+        writer.close()
+        return
+    try:
+        await _bridge(reader, writer, link)
+    finally:
+        writer.close()
+
+
+async def _stdio(transport: Transport, remote: int) -> int:
+    link = await transport.open(remote, "tcp")
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2 * READ_SIZE)
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+        out, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, sys.stdout.buffer
+        )
+    except ValueError as exc:  # a regular file: asyncio cannot watch it
+        await link.close()
+        raise ForwardError(f"--stdio needs pipes or sockets: {exc}") from None
+    writer = asyncio.StreamWriter(out, protocol, None, loop)
+    try:
+        await _bridge(reader, writer, link)
+    finally:
+        out.close()
+    return 0
+
+
+class _UdpFlow:
+    """The WebSocket of one local UDP client address, with a bounded send queue."""
+
+    def __init__(self, relay: _UdpRelay, addr: Any) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(UDP_QUEUE)
+        self._relay = relay
+        self._addr = addr
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            link = await self._relay.transport.open(self._relay.spec.remote, "udp")
+        except ForwardError as exc:
+            print(f"error: udp port {self._relay.spec.remote}: {exc}", file=sys.stderr, flush=True)
+            return
+        sender = asyncio.create_task(self._send(link))
+        try:
+            while (datagram := await link.receive()) is not None:
+                self._relay.reply(datagram, self._addr)
+        finally:
+            sender.cancel()
+            await asyncio.wait([sender])
+            await link.close()
+
+    async def _send(self, link: Link) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await link.send(await self.queue.get())
+
+
+class _UdpRelay(asyncio.DatagramProtocol):
+    """A local UDP port: each client address gets its own flow (WebSocket)."""
+
+    def __init__(self, transport: Transport, spec: PortSpec) -> None:
+        self.transport = transport
+        self.spec = spec
+        self.port = 0
+        self._socket: asyncio.DatagramTransport | None = None
+        self._flows: dict[Any, _UdpFlow] = {}
+
+    @classmethod
+    async def start(cls, transport: Transport, spec: PortSpec, address: str) -> _UdpRelay:
+        relay = cls(transport, spec)
+        loop = asyncio.get_running_loop()
+        sock, _ = await loop.create_datagram_endpoint(
+            lambda: relay, local_addr=(address, spec.local)
+        )
+        relay._socket = sock
+        relay.port = int(sock.get_extra_info("sockname")[1])
+        return relay
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        flow = self._flows.get(addr)
+        if flow is None or flow.task.done():
+            flow = self._flows[addr] = _UdpFlow(self, addr)
+            flow.task.add_done_callback(lambda _: self._forget(addr, flow))
+        with contextlib.suppress(asyncio.QueueFull):  # UDP may drop; a full queue does
+            flow.queue.put_nowait(data)
+
+    def _forget(self, addr: Any, flow: _UdpFlow) -> None:
+        if self._flows.get(addr) is flow:
+            del self._flows[addr]
+
+    def reply(self, datagram: bytes, addr: Any) -> None:
+        """Send `datagram` from the machine back to the local client at `addr`."""
+        if self._socket is not None and not self._socket.is_closing():
+            self._socket.sendto(datagram, addr)
+
+    async def close(self) -> None:
+        """Stop listening and end every flow."""
+        if self._socket is not None:
+            self._socket.close()
+        tasks = [flow.task for flow in self._flows.values()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
