@@ -8,17 +8,19 @@ anonymous user, which only the always-allowed paths accept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import NameOID
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 from subres.auth.cafile import CAFile
 from subres.auth.tokenfile import TokenFile
 from subres.auth.user import ANONYMOUS, UserInfo
 
-__all__ = ["Authenticator", "Credentials", "Unauthenticated"]
+__all__ = ["Authenticator", "Credentials", "Unauthenticated", "from_certificate"]
 
 
 class Unauthenticated(Exception):
@@ -31,6 +33,8 @@ class Credentials:
 
     token: str | None = None
     certificate: x509.Certificate | None = None
+    headers: MultiMapping[str] = field(default_factory=lambda: CIMultiDictProxy(CIMultiDict()))
+    """The request headers (case-insensitive), where a front proxy names the user."""
 
 
 class Authenticator:
@@ -55,24 +59,27 @@ class Authenticator:
                 raise Unauthenticated("invalid bearer token")
             return user.authenticated()
         if creds.certificate is not None:
-            user = self._from_certificate(creds.certificate)
+            cas = self.client_ca.certificates if self.client_ca else ()
+            user = from_certificate(creds.certificate, cas)
             if user is not None:
                 return user.authenticated()
         return ANONYMOUS
 
-    def _from_certificate(self, cert: x509.Certificate) -> UserInfo | None:
-        # The TLS layer already verified the chain against every CA it trusts;
-        # re-check that this CA issued it, since several CAs may be loaded.
-        for ca in self.client_ca.certificates if self.client_ca else ():
-            try:
-                cert.verify_directly_issued_by(ca)
-            except (ValueError, TypeError, InvalidSignature):
-                continue
-            name = _attrs(cert, NameOID.COMMON_NAME)
-            if not name:
-                raise Unauthenticated("client certificate has no common name")
-            return UserInfo(name[0], groups=tuple(_attrs(cert, NameOID.ORGANIZATION_NAME)))
-        return None
+
+def from_certificate(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> UserInfo | None:
+    """CN as user and O as groups when one of `cas` issued `cert`; None otherwise."""
+    # The TLS layer already verified the chain against every CA it trusts;
+    # re-check that one of these issued it, since several CAs may be loaded.
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        name = _attrs(cert, NameOID.COMMON_NAME)
+        if not name:
+            raise Unauthenticated("client certificate has no common name")
+        return UserInfo(name[0], groups=tuple(_attrs(cert, NameOID.ORGANIZATION_NAME)))
+    return None
 
 
 def _attrs(cert: x509.Certificate, oid: x509.ObjectIdentifier) -> list[str]:

@@ -2,8 +2,8 @@
 
 Order as kube-apiserver: `system:masters` first, then the always-allowed
 non-resource paths, then the decision proper. In standalone mode the decision
-proper is "any authenticated user"; behind a cluster it will be a
-SubjectAccessReview.
+proper is "any authenticated user"; behind a cluster it is a
+SubjectAccessReview (`subres.auth.webhook`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from subres.auth.attributes import Attributes
 from subres.auth.user import UserInfo
 
-__all__ = ["ALWAYS_ALLOW_PATHS", "Decision", "StandaloneAuthorizer"]
+__all__ = ["ALWAYS_ALLOW_PATHS", "Decision", "StandaloneAuthorizer", "precheck"]
 
 ALWAYS_ALLOW_PATHS = ("/healthz", "/livez", "/readyz")
 MASTERS = "system:masters"
@@ -39,6 +39,17 @@ def always_allowed(path: str, patterns: Sequence[str]) -> bool:
     return False
 
 
+def precheck(
+    user: UserInfo, attrs: Attributes, always_allow_paths: Sequence[str]
+) -> Decision | None:
+    """The answer given before asking anyone (masters, always-allowed paths), or None."""
+    if MASTERS in user.groups:
+        return Decision(True)
+    if not attrs.resource_request and always_allowed(attrs.path, always_allow_paths):
+        return Decision(True)
+    return None
+
+
 class StandaloneAuthorizer:
     """Allows every authenticated user; anonymous users reach only the allowed paths."""
 
@@ -47,10 +58,9 @@ class StandaloneAuthorizer:
 
     async def authorize(self, user: UserInfo, attrs: Attributes) -> Decision:
         """The decision for `user` doing `attrs`."""
-        if MASTERS in user.groups:
-            return Decision(True)
-        if not attrs.resource_request and always_allowed(attrs.path, self.always_allow_paths):
-            return Decision(True)
+        early = precheck(user, attrs, self.always_allow_paths)
+        if early is not None:
+            return early
         if user.anonymous:
             return Decision(False, "anonymous requests are not allowed")
         return Decision(True)

@@ -60,6 +60,7 @@ def _health_routes(app: web.Application, state: State) -> None:
         **ping,
         "tls-certificates": lambda: state.tls_ready,
         "parent-caches": lambda: all(c.synced for c in state.caches.values()),
+        **state.readiness,
     }
     for endpoint, checks in (("healthz", ready), ("livez", ping), ("readyz", ready)):
         handle = health.handler(endpoint, checks)

@@ -96,7 +96,9 @@ def _credentials(request: web.Request) -> Credentials:
     token = value.strip() if scheme.lower() == "bearer" and value.strip() else None
     if token is None:
         token = channels.bearer_token(offered_subprotocols(request))
-    return Credentials(token=token, certificate=peer_certificate(request.transport))
+    return Credentials(
+        token=token, certificate=peer_certificate(request.transport), headers=request.headers
+    )
 
 
 def _forbidden(user: str, attrs: attributes.Attributes) -> str:

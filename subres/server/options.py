@@ -7,10 +7,14 @@ sample-apiserver; `Options.validate` reports every problem at once.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Options", "add_arguments"]
+__all__ = ["Options", "add_arguments", "duration"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
+_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,34 @@ class Options:
     service_namespace: str
     authorization_always_allow_paths: tuple[str, ...]
     shutdown_grace: float
+    kubeconfig: Path | None = None
+    """Cluster mode: kubeconfig of the main apiserver; None means in-cluster."""
+    authentication_kubeconfig: Path | None = None
+    """Cluster mode: kubeconfig for TokenReview and the ConfigMap; defaults to `kubeconfig`."""
+    authorization_kubeconfig: Path | None = None
+    """Cluster mode: kubeconfig for SubjectAccessReview; defaults to `kubeconfig`."""
+    requestheader_client_ca_file: Path | None = None
+    """Front-proxy CA; when set, the `requestheader_*` flags replace the ConfigMap's."""
+    requestheader_allowed_names: tuple[str, ...] = ()
+    """Front-proxy certificate common names allowed; empty allows any."""
+    requestheader_username_headers: tuple[str, ...] = ("X-Remote-User",)
+    """Headers naming the user."""
+    requestheader_uid_headers: tuple[str, ...] = ()
+    """Headers carrying the user's uid."""
+    requestheader_group_headers: tuple[str, ...] = ("X-Remote-Group",)
+    """Headers carrying groups."""
+    requestheader_extra_headers_prefix: tuple[str, ...] = ("X-Remote-Extra-",)
+    """Header prefixes of extra attributes."""
+    authentication_skip_lookup: bool = False
+    """Do not read the authentication ConfigMap for what flags leave out."""
+    authentication_tolerate_lookup_failure: bool = False
+    """Start even when the authentication ConfigMap cannot be read."""
+    authentication_token_webhook_cache_ttl: float = 10.0
+    """Seconds TokenReview verdicts are cached."""
+    authorization_webhook_cache_authorized_ttl: float = 10.0
+    """Seconds allowed SubjectAccessReview verdicts are cached."""
+    authorization_webhook_cache_unauthorized_ttl: float = 10.0
+    """Seconds denied SubjectAccessReview verdicts are cached."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -50,6 +82,22 @@ class Options:
                 p for p in ns.authorization_always_allow_paths.split(",") if p
             ),
             shutdown_grace=ns.shutdown_grace,
+            kubeconfig=ns.kubeconfig,
+            authentication_kubeconfig=ns.authentication_kubeconfig,
+            authorization_kubeconfig=ns.authorization_kubeconfig,
+            requestheader_client_ca_file=ns.requestheader_client_ca_file,
+            requestheader_allowed_names=_list(ns.requestheader_allowed_names),
+            requestheader_username_headers=_list(ns.requestheader_username_headers),
+            requestheader_uid_headers=_list(ns.requestheader_uid_headers),
+            requestheader_group_headers=_list(ns.requestheader_group_headers),
+            requestheader_extra_headers_prefix=_list(ns.requestheader_extra_headers_prefix),
+            authentication_skip_lookup=ns.authentication_skip_lookup,
+            authentication_tolerate_lookup_failure=ns.authentication_tolerate_lookup_failure,
+            authentication_token_webhook_cache_ttl=ns.authentication_token_webhook_cache_ttl,
+            authorization_webhook_cache_authorized_ttl=ns.authorization_webhook_cache_authorized_ttl,
+            authorization_webhook_cache_unauthorized_ttl=(
+                ns.authorization_webhook_cache_unauthorized_ttl
+            ),
         )
 
     def validate(self) -> list[str]:
@@ -59,13 +107,44 @@ class Options:
             problems.append(f"--secure-port {self.secure_port} is not a port")
         if (self.tls_cert_file is None) != (self.tls_private_key_file is None):
             problems.append("--tls-cert-file and --tls-private-key-file go together")
-        if self.standalone is None:
-            problems.append(
-                "--standalone FILE is required: watching a main apiserver is not available yet"
-            )
         if self.shutdown_grace < 0:
             problems.append("--shutdown-grace must not be negative")
+        problems += self._mode_problems()
+        for flag, ttl in (
+            (
+                "--authentication-token-webhook-cache-ttl",
+                self.authentication_token_webhook_cache_ttl,
+            ),
+            (
+                "--authorization-webhook-cache-authorized-ttl",
+                self.authorization_webhook_cache_authorized_ttl,
+            ),
+            (
+                "--authorization-webhook-cache-unauthorized-ttl",
+                self.authorization_webhook_cache_unauthorized_ttl,
+            ),
+        ):
+            if ttl < 0:
+                problems.append(f"{flag} must not be negative")
         return problems
+
+    def _mode_problems(self) -> list[str]:
+        """Flags that belong to the other mode (standalone or cluster)."""
+        if self.standalone is None:
+            if self.token_auth_file is not None:
+                return [
+                    "--token-auth-file needs --standalone; in a cluster tokens go to TokenReview"
+                ]
+            return []
+        cluster_only = {
+            "--kubeconfig": self.kubeconfig,
+            "--authentication-kubeconfig": self.authentication_kubeconfig,
+            "--authorization-kubeconfig": self.authorization_kubeconfig,
+            "--requestheader-client-ca-file": self.requestheader_client_ca_file,
+        }
+        return [
+            f"{flag} is for cluster mode, not --standalone" for flag, v in cluster_only.items() if v
+        ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,9 +176,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="/healthz,/readyz,/livez",
         help="comma-separated paths anyone may GET (a trailing * matches a prefix)",
     )
+    _add_cluster_arguments(parser)
     add(
         "--shutdown-grace",
         type=float,
         default=5.0,
         help="seconds live sessions get to close on SIGTERM",
     )
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of cluster mode (no --standalone), named as in kube's delegating options."""
+    add = parser.add_argument
+    add("--kubeconfig", type=Path, help="kubeconfig of the main apiserver (default: in-cluster)")
+    add(
+        "--authentication-kubeconfig",
+        type=Path,
+        help="kubeconfig for TokenReview and the ConfigMap",
+    )
+    add("--authorization-kubeconfig", type=Path, help="kubeconfig for SubjectAccessReview")
+    add(
+        "--requestheader-client-ca-file",
+        type=Path,
+        help="front-proxy CA; with it the --requestheader-* flags replace the cluster's ConfigMap",
+    )
+    add(
+        "--requestheader-allowed-names",
+        default="",
+        help="allowed proxy common names (any if empty)",
+    )
+    add("--requestheader-username-headers", default="X-Remote-User", help="user name headers")
+    add("--requestheader-uid-headers", default="", help="uid headers")
+    add("--requestheader-group-headers", default="X-Remote-Group", help="group headers")
+    add("--requestheader-extra-headers-prefix", default="X-Remote-Extra-", help="extra prefixes")
+    add(
+        "--authentication-skip-lookup",
+        action="store_true",
+        help="do not read kube-system/extension-apiserver-authentication",
+    )
+    add(
+        "--authentication-tolerate-lookup-failure",
+        action="store_true",
+        help="start even if kube-system/extension-apiserver-authentication cannot be read",
+    )
+    for flag in (
+        "--authentication-token-webhook-cache-ttl",
+        "--authorization-webhook-cache-authorized-ttl",
+        "--authorization-webhook-cache-unauthorized-ttl",
+    ):
+        add(flag, type=duration, default=10.0, help="how long verdicts are cached (e.g. 10s, 1m)")
+
+
+def duration(text: str) -> float:
+    """Seconds in a Go-style duration (`10s`, `1m30s`, `500ms`) or a plain number."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 10s or 1m")
+    return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())

@@ -1,7 +1,9 @@
 """Running the server: Options → Complete (read files, build parts) → Run.
 
 `Server` is what `subres serve`, `subres demo` and the tests start; it owns
-the listener, the background watchers and an orderly shutdown.
+the listener, the background watchers and an orderly shutdown. `complete`
+builds standalone mode; `complete_cluster` builds cluster mode, whose
+apiserver-facing parts live in `subres.server.cluster`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import logging
 import resource
 import signal
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from aiohttp import web
 
@@ -20,19 +24,40 @@ from subres.auth.authz import StandaloneAuthorizer
 from subres.auth.cafile import CAFile
 from subres.auth.tokenfile import TokenFile
 from subres.kube.cache import ParentCache
+from subres.kube.informer import InformerSettings
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import certs, tls
+from subres.server import certs, cluster, tls
 from subres.server.options import Options
 from subres.server.state import State
 from subres.server.tls import ReloadingTLS
 
-__all__ = ["Server", "complete", "serve"]
+__all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
 
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 1.0
 """Seconds between checks of the certificate, token, CA and standalone files."""
+
+
+class Reloadable(Protocol):
+    """Something that follows files, checked every `WATCH_INTERVAL` in a worker thread."""
+
+    def reload_if_changed(self) -> object:
+        """Re-read (or write) what changed."""
+        ...
+
+
+class Background(Protocol):
+    """Work that runs beside the listener (cluster mode's informers)."""
+
+    async def start(self) -> None:
+        """Start it, before the listener opens."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop it, after the listener closed."""
+        ...
 
 
 @dataclass
@@ -42,7 +67,12 @@ class Server:
     options: Options
     state: State
     tls: ReloadingTLS
-    source: FileSource
+    source: Reloadable
+    """Polled before the TLS files: the standalone parents file, or in cluster mode the
+    authentication configuration (it writes the CA files the TLS context trusts)."""
+    polled: tuple[Reloadable, ...] = ()
+    """Further things to poll (standalone: the token and client CA files)."""
+    background: Background | None = None
     runner: web.AppRunner | None = None
     port: int = 0
     _watcher: asyncio.Task[None] | None = None
@@ -76,6 +106,8 @@ class Server:
             await asyncio.wait([self._watcher])
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.background is not None:
+            await self.background.stop()
 
     async def _watch(self) -> None:
         while True:
@@ -83,27 +115,22 @@ class Server:
             await asyncio.sleep(WATCH_INTERVAL)
 
     def _reload(self) -> None:
+        self.source.reload_if_changed()
+        for polled in self.polled:
+            polled.reload_if_changed()
         self.tls.reload_if_changed()
         self.state.tls_ready = self.tls.ready
-        self.source.reload_if_changed()
-        self.state.authenticator.reload_if_changed()
 
 
 def complete(options: Options) -> Server:
     """Read every file the options name and build the server (raises on bad input)."""
     config = configfile.load(options.config)
-    if options.tls_cert_file and options.tls_private_key_file:
-        cert, key = options.tls_cert_file, options.tls_private_key_file
-    else:
-        files = certs.ensure_self_signed(
-            options.cert_dir, service=options.service_name, namespace=options.service_namespace
-        )
-        cert, key = files.cert, files.key
+    cert, key = _serving_pair(options)
     client_cas = [options.client_ca_file] if options.client_ca_file else []
     tls = ReloadingTLS(cert=cert, key=key, client_ca=client_cas)
     caches = {p.resource: ParentCache(p.resource) for p in config.parents}
     if options.standalone is None:
-        raise ValueError("--standalone FILE is required")
+        raise ValueError("--standalone FILE is required; use complete_cluster without it")
     source = FileSource(options.standalone, caches, config.parents)
     source.reload_if_changed()
     authenticator = Authenticator(
@@ -117,7 +144,41 @@ def complete(options: Options) -> Server:
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
         tls_ready=tls.ready,
     )
-    return Server(options=options, state=state, tls=tls, source=source)
+    return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
+
+
+async def complete_cluster(
+    options: Options, *, informers: InformerSettings | None = None
+) -> Server:
+    """Connect to the main apiserver, read the authentication configuration, build the server.
+
+    Raises when the apiserver or the authentication ConfigMap cannot be read
+    (unless told to tolerate the latter).
+    """
+    config = configfile.load(options.config)
+    cert, key = _serving_pair(options)
+    parts = await cluster.build(options, config, informers=informers)
+    # The CA files the ConfigMap names must exist before the TLS context reads them.
+    await asyncio.to_thread(parts.auth.reload_if_changed)
+    tls = ReloadingTLS(cert=cert, key=key, client_ca=parts.auth.ca_paths, empty_client_ca_ok=True)
+    state = State(
+        config=config,
+        caches=parts.caches,
+        authenticator=parts.authenticator,
+        authorizer=parts.authorizer,
+        tls_ready=tls.ready,
+        readiness={"authentication-config": lambda: parts.auth.ready},
+    )
+    return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
+
+
+def _serving_pair(options: Options) -> tuple[Path, Path]:
+    if options.tls_cert_file and options.tls_private_key_file:
+        return options.tls_cert_file, options.tls_private_key_file
+    files = certs.ensure_self_signed(
+        options.cert_dir, service=options.service_name, namespace=options.service_namespace
+    )
+    return files.cert, files.key
 
 
 def raise_open_files_limit() -> None:
@@ -130,7 +191,7 @@ def raise_open_files_limit() -> None:
 async def serve(options: Options) -> None:
     """Run until SIGTERM or SIGINT, then shut down in order."""
     raise_open_files_limit()
-    server = complete(options)
+    server = complete(options) if options.standalone else await complete_cluster(options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

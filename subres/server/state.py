@@ -6,12 +6,12 @@ every file has been read and every component constructed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from subres.auth.attributes import Attributes
-from subres.auth.authn import Authenticator
+from subres.auth.authn import Credentials
 from subres.auth.authz import Decision
 from subres.auth.user import UserInfo
 from subres.config import Config
@@ -20,14 +20,22 @@ from subres.server import discovery, openapi
 from subres.server.metrics import Metrics
 from subres.streams.sessions import Sessions
 
-__all__ = ["Authorizer", "State"]
+__all__ = ["Authenticator", "Authorizer", "State"]
+
+
+class Authenticator(Protocol):
+    """Tells who presented the credentials."""
+
+    async def authenticate(self, creds: Credentials) -> UserInfo:
+        """The identity; raises `Unauthenticated` when the credentials fail."""
+        ...
 
 
 class Authorizer(Protocol):
     """Decides whether a user may do what a request asks."""
 
     async def authorize(self, user: UserInfo, attrs: Attributes) -> Decision:
-        """The decision."""
+        """The decision; may raise a `StatusError` when none can be made."""
         ...
 
 
@@ -41,6 +49,8 @@ class State:
     authorizer: Authorizer
     tls_ready: bool = True
     """Whether serving certificates are loaded (for /readyz); updated by the TLS watcher."""
+    readiness: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
+    """Further /readyz checks by name (cluster mode: the authentication configuration)."""
     sessions: Sessions = field(default_factory=Sessions)
     metrics: Metrics = field(default_factory=Metrics)
 

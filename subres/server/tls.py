@@ -37,15 +37,25 @@ _Stamp = tuple[int, int, int] | None
 class ReloadingTLS:
     """A server context whose certificate and client CAs follow their files."""
 
-    def __init__(self, *, cert: Path, key: Path, client_ca: Sequence[Path] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        cert: Path,
+        key: Path,
+        client_ca: Sequence[Path] = (),
+        empty_client_ca_ok: bool = False,
+    ) -> None:
         """Load the files now if they are usable; `ready` says whether they were.
 
         `client_ca` lists every CA a client certificate may chain to (the
         client CA, the front-proxy CA); empty means no certificate is asked for.
+        With `empty_client_ca_ok` an empty CA file trusts nothing instead of
+        failing the load (cluster mode: the cluster need not publish every CA).
         """
         self._cert = cert
         self._key = key
         self._client_ca = tuple(client_ca)
+        self._empty_client_ca_ok = empty_client_ca_ok
         # watch() reloads in a worker thread while tests or callers may reload directly.
         self._lock = threading.Lock()
         self._current: ssl.SSLContext | None = None
@@ -97,6 +107,8 @@ class ReloadingTLS:
     def _build(self) -> ssl.SSLContext:
         context = _base_context(verify_client=bool(self._client_ca))
         for ca in self._client_ca:
+            if self._empty_client_ca_ok and os.stat(ca).st_size == 0:
+                continue
             context.load_verify_locations(cafile=ca)
         # Fails when the key does not match the certificate.
         context.load_cert_chain(self._cert, self._key, password=_refuse_password)
