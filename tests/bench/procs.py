@@ -8,14 +8,16 @@ each step bounded in time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Child", "cpu_seconds", "memory_kib", "spawn"]
+__all__ = ["Child", "cpu_seconds", "memory_kib", "spawn", "spawn_program", "tree_cpu_seconds"]
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout: children run from here so `python -m tests.bench…` imports work."""
@@ -77,13 +79,24 @@ async def spawn(
 
     `env` adds to (not replaces) this process's environment.
     """
+    return await spawn_program(
+        name, [sys.executable, "-m", module, *args], log=log, stops_on_eof=stops_on_eof, env=env
+    )
+
+
+async def spawn_program(
+    name: str,
+    argv: Sequence[str],
+    *,
+    log: Path | None = None,
+    stops_on_eof: bool = True,
+    env: dict[str, str] | None = None,
+) -> Child:
+    """Start any program from the checkout, stdin and stdout piped; stderr to `log` when given."""
     stderr = log.open("ab") if log is not None else None
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            module,
-            *args,
+            *argv,
             cwd=ROOT,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -115,3 +128,32 @@ def cpu_seconds(pid: int) -> float:
     fields = stat[stat.rindex(")") + 2 :].split()
     utime, stime = int(fields[11]), int(fields[12])
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid`, its reaped children and its live (or zombie) descendants.
+
+    Relays that fork per connection (socat, websockify) spend their time in
+    children: a child that ended and was waited for is in the parent's
+    cutime and cstime, one still there is read directly.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ticks = sum(int(f) for f in fields[11:15])
+    total = ticks / os.sysconf("SC_CLK_TCK")
+    for child in live_children(pid):
+        total += tree_cpu_seconds(child)
+    return total
+
+
+def live_children(pid: int) -> list[int]:
+    """Children of `pid` not yet waited for, from every thread's children list."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return found
