@@ -79,6 +79,8 @@ class Server:
 
     async def start(self) -> int:
         """Listen and start the watchers; the port actually bound."""
+        if self.background is not None:
+            await self.background.start()
         tls.share_read_buffer()
         self.runner = web.AppRunner(
             application.build(self.state),
