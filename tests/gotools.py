@@ -10,7 +10,7 @@ instead of racing, and only one Go build runs at a time on the small CI machine.
 A cold build of kubectl takes minutes, longer than the default per-test timeout,
 so CI should build before pytest starts::
 
-    python -m tests.gotools kubectl kubepeer
+    python -m tests.gotools kubectl kubepeer spdypeer kube-apiserver etcd
 """
 
 from __future__ import annotations
@@ -31,14 +31,16 @@ REPO = Path(__file__).resolve().parent.parent
 TOOLS = REPO / "tools"
 
 # A cold kubectl build (module download plus compiling ~1000 packages) takes
-# several minutes on 2 cores; leave ample room for a busy machine.
-BUILD_TIMEOUT_S = 1200.0
+# several minutes on 2 cores, kube-apiserver about nine on a busy machine;
+# leave ample room.
+BUILD_TIMEOUT_S = 1800.0
 
 # Kubernetes releases stamp these packages at link time; a module build would
 # otherwise report "v0.0.0-master", which is not the version we pinned.
 _VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 # The module whose version a tool reports, first found in its go.mod wins.
-_VERSION_MODULES = ("k8s.io/kubectl", "k8s.io/client-go")
+# k8s.io/kubernetes carries the release tag itself; the others are staging modules.
+_VERSION_MODULES = ("k8s.io/kubernetes", "k8s.io/kubectl", "k8s.io/client-go")
 
 
 class GoBuildError(RuntimeError):
@@ -54,16 +56,20 @@ def cache_dir() -> Path:
 def kube_version(gomod: Path) -> str | None:
     """The Kubernetes release matching the tool's k8s.io module, e.g. ``v1.37.2``.
 
-    Published staging modules are tagged ``v0.Y.Z`` for Kubernetes ``v1.Y.Z``.
+    ``k8s.io/kubernetes`` is tagged with the release itself; published staging
+    modules are tagged ``v0.Y.Z`` for Kubernetes ``v1.Y.Z``.
     """
     text = gomod.read_text()
     for module in _VERSION_MODULES:
         found = re.search(
-            rf"^\s*(?:require\s+)?{re.escape(module)}\s+v0\.(\d+)\.(\d+)(\S*)", text, re.MULTILINE
+            rf"^\s*(?:require\s+)?{re.escape(module)}\s+v([01])\.(\d+)\.(\d+)(\S*)",
+            text,
+            re.MULTILINE,
         )
-        # v0.0.x is a pseudo-version of an untagged commit: no release to claim.
-        if found and found[1] != "0":
-            return f"v1.{found[1]}.{found[2]}{found[3]}"
+        # v0.0.x is a pseudo-version of an untagged commit (or a staging module
+        # that k8s.io/kubernetes requires as v0.0.0): no release to claim.
+        if found and found[2] != "0":
+            return f"v1.{found[2]}.{found[3]}{found[4]}"
     return None
 
 

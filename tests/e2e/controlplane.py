@@ -1,0 +1,830 @@
+"""A real etcd and kube-apiserver on 127.0.0.1 for the end-to-end tests.
+
+Owns the life of one throwaway control plane: certificates (serving, client CA
+with an admin in ``system:masters``, front-proxy CA and client, service-account
+signing key), the static token users ``alice`` and ``bob``, the processes
+(started by PID, stopped by PID), readiness, restarts of kube-apiserver with
+the same flags and data, and the helpers the tests need against it: kubectl
+runs, admin API calls, ServiceAccount tokens and APIService registration.
+
+Binaries come from ``tests.gotools`` (built from the Go module proxy, cached).
+Nothing here listens anywhere but 127.0.0.1.
+
+Use the session fixture ``control_plane`` (``tests/e2e/conftest.py``) from any
+test, sync or async on any event loop, or ``async with start_control_plane()``
+for one of your own::
+
+    token = await plane.service_account_token("subres-system", "subres")
+    await grant_delegated_auth(plane, namespace="subres-system", service_account="subres")
+    name = await register_apiservice(plane, group=..., version=..., namespace=...,
+                                     service=..., port=..., ca_bundle=ca_pem)
+    await wait_apiservice_available(plane, name)
+    (await plane.kubectl("get", "--raw", "/apis/...", user="alice")).check()
+    await plane.restart_apiserver()
+
+How kube-apiserver reaches an aggregated server without a cluster network:
+with ``--enable-aggregator-routing=false`` the aggregator resolves an
+APIService's Service with ``ResolveCluster`` (k8s.io/apiserver
+``pkg/util/proxy``), which turns an ``ExternalName`` Service into
+``https://<externalName>:<APIService port>`` without looking at Endpoints, and
+the availability controller probes it directly (it checks ports and endpoints
+only for ``ClusterIP`` Services). So an ExternalName of ``127.0.0.1`` (a valid
+DNS-1123 subdomain, dialled as an address with no DNS lookup) reaches a server
+on this machine. The TLS ServerName is still ``<service>.<namespace>.svc``.
+The other route, ``--enable-aggregator-routing=true``, picks an EndpointSlice
+address instead, refuses ExternalName Services, and EndpointSlice validation
+rejects loopback addresses, so it would need a network namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from subres.server import certs
+from tests import gotools
+
+__all__ = [
+    "ADMIN_USER",
+    "FRONT_PROXY_CLIENT",
+    "STATIC_USERS",
+    "APIError",
+    "Binaries",
+    "ControlPlane",
+    "ControlPlaneError",
+    "KubectlResult",
+    "StaticUser",
+    "apiservice_condition",
+    "build_binaries",
+    "grant_delegated_auth",
+    "launch",
+    "poll",
+    "register_apiservice",
+    "run_sync",
+    "start_control_plane",
+    "wait_apiservice_available",
+]
+
+ADMIN_USER = "admin"
+"""CN of the admin client certificate (in ``system:masters``)."""
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""CN of kube-apiserver's proxy client certificate, the only allowed request-header name."""
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
+"""``--service-account-issuer``; also the default audience of TokenRequests."""
+
+START_TIMEOUT_S = 90.0
+"""Bound on etcd plus kube-apiserver becoming ready on a busy 2-core machine."""
+
+STOP_TIMEOUT_S = 20.0
+"""How long a process gets after SIGTERM before SIGKILL."""
+
+_POLL_INTERVAL_S = 0.2
+_LOG_TAIL_CHARS = 6000
+_FIELD_MANAGER = "subres-e2e"
+
+
+@dataclass(frozen=True)
+class StaticUser:
+    """A user of ``--token-auth-file``."""
+
+    name: str
+    """User name."""
+    token: str
+    """Bearer token."""
+    groups: tuple[str, ...] = ()
+    """Groups besides ``system:authenticated``."""
+
+
+STATIC_USERS = (
+    StaticUser(name="alice", token="alice-token-e2e", groups=("subres:users",)),
+    StaticUser(name="bob", token="bob-token-e2e"),
+)
+"""The users the token file knows; none has any RBAC permission to begin with."""
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be built, started or used; carries the logs."""
+
+
+class APIError(ControlPlaneError):
+    """kube-apiserver answered a request with an error status."""
+
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {path} -> {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """The Go programs a control plane runs."""
+
+    etcd: Path
+    """etcd server."""
+    kube_apiserver: Path
+    """kube-apiserver."""
+    kubectl: Path
+    """kubectl, of the same release as kube-apiserver."""
+
+
+def build_binaries() -> Binaries:
+    """Build (or take from the cache) etcd, kube-apiserver and kubectl; raise with go's output."""
+    try:
+        return Binaries(
+            etcd=gotools.build("etcd"),
+            kube_apiserver=gotools.build("kube-apiserver"),
+            kubectl=gotools.kubectl(),
+        )
+    except gotools.GoBuildError as exc:
+        raise ControlPlaneError(f"cannot build the control plane:\n{exc}") from exc
+
+
+@dataclass(frozen=True)
+class KubectlResult:
+    """What a kubectl run printed and how it exited."""
+
+    args: tuple[str, ...]
+    """The arguments after ``kubectl``."""
+    returncode: int
+    """Exit code."""
+    stdout: str
+    """Standard output."""
+    stderr: str
+    """Standard error."""
+
+    def check(self) -> KubectlResult:
+        """Self when kubectl succeeded, else a ControlPlaneError with its output."""
+        if self.returncode != 0:
+            raise ControlPlaneError(
+                f"kubectl {' '.join(self.args)} exited {self.returncode}:\n"
+                f"{self.stdout}\n{self.stderr}"
+            )
+        return self
+
+    def json(self) -> Any:
+        """Standard output parsed as JSON (for ``-o json`` and ``get --raw``)."""
+        return json.loads(self.stdout)
+
+
+@dataclass
+class _Process:
+    """One child process we started, with its command line and log file."""
+
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            # A session of its own: a terminal's Ctrl-C goes to pytest, which
+            # then stops the process by PID in its teardown.
+            self.popen = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def exited(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    async def stop(self) -> None:
+        """SIGTERM, wait a bounded time, then SIGKILL; always reaps the child."""
+        popen, self.popen = self.popen, None
+        if popen is None or popen.poll() is not None:
+            return
+        popen.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(popen.wait, STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            # SIGKILL cannot be ignored; the wait is for the kernel to reap it.
+            await asyncio.to_thread(popen.wait, 10)
+
+    def tail(self) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return f"({self.log} missing)"
+        return (
+            f"--- {self.name} log ({self.log}), last {_LOG_TAIL_CHARS} chars ---\n"
+            + (text[-_LOG_TAIL_CHARS:])
+        )
+
+
+@dataclass
+class ControlPlane:
+    """A running etcd + kube-apiserver and what it takes to talk to them."""
+
+    binaries: Binaries
+    """The programs in use."""
+    workdir: Path
+    """Temporary directory with certificates, kubeconfigs, data and logs."""
+    url: str
+    """kube-apiserver's base URL, ``https://127.0.0.1:<port>``."""
+    admin_kubeconfig: Path
+    """Kubeconfig of the admin (client certificate, ``system:masters``)."""
+    server_ca: Path
+    """CA that signed kube-apiserver's serving certificate."""
+    client_ca: certs.KeyPair
+    """``--client-ca-file``: certificates it signs authenticate as CN / O."""
+    front_proxy_ca: certs.KeyPair
+    """``--requestheader-client-ca-file``: aggregated servers trust X-Remote-* from it."""
+    front_proxy_client: certs.KeyPair
+    """``--proxy-client-cert-file``: what kube-apiserver presents to aggregated servers."""
+    users: Mapping[str, StaticUser]
+    """Static token users by name."""
+    _etcd: _Process
+    _apiserver: _Process
+    _admin_cert: Path
+    _admin_key: Path
+    _kubeconfigs: dict[str, Path] = field(default_factory=dict)
+
+    # -- kubectl -----------------------------------------------------------
+
+    def kubeconfig_for(self, user: str) -> Path:
+        """Kubeconfig for a static token user (``alice``, ``bob``), or ``admin``."""
+        if user == ADMIN_USER:
+            return self.admin_kubeconfig
+        return self.token_kubeconfig(user, self.users[user].token)
+
+    def token_kubeconfig(self, name: str, token: str) -> Path:
+        """Kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's)."""
+        path = self.workdir / "kubeconfigs" / f"{name}.kubeconfig"
+        if self._kubeconfigs.get(name) != path or not path.exists():
+            _write_kubeconfig(
+                path, server=self.url, ca=self.server_ca.read_bytes(), user={"token": token}
+            )
+            self._kubeconfigs[name] = path
+        return path
+
+    async def kubectl(
+        self,
+        *args: str,
+        user: str = ADMIN_USER,
+        kubeconfig: Path | None = None,
+        stdin: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> KubectlResult:
+        """Run our kubectl as `user` (or with `kubeconfig`); never raises on its exit code."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig_for(user))
+        # Discovery caches per server address; keep them out of $HOME.
+        env["KUBECACHEDIR"] = str(self.workdir / "kubecache")
+        proc = await asyncio.create_subprocess_exec(
+            str(self.binaries.kubectl),
+            *args,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(stdin.encode() if stdin is not None else None), timeout_s
+            )
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise ControlPlaneError(f"kubectl {' '.join(args)} ran over {timeout_s}s") from None
+        assert proc.returncode is not None
+        return KubectlResult(
+            args=args, returncode=proc.returncode, stdout=out.decode(), stderr=err.decode()
+        )
+
+    # -- the API as admin --------------------------------------------------
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        """TLS context that trusts kube-apiserver and presents the admin certificate."""
+        context = ssl.create_default_context(cafile=str(self.server_ca))
+        context.load_cert_chain(self._admin_cert, self._admin_key)
+        return context
+
+    async def api(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> Any:
+        """One request as admin (or with a bearer `token`); the decoded JSON answer (or text).
+
+        Raises APIError for any status outside 2xx.
+        """
+        headers = {"Accept": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None:
+            headers["Content-Type"] = content_type
+        context = self.admin_ssl_context() if token is None else self._ca_only_context()
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.request(
+                method, self.url + path, data=data, headers=headers, params=params, ssl=context
+            ) as response,
+        ):
+            text = await response.text()
+            if response.status >= 300:
+                raise APIError(method, path, response.status, text)
+            if response.content_type != "application/json":
+                return text  # /readyz and friends answer plain text
+            return json.loads(text)
+
+    async def apply(self, obj: Mapping[str, Any]) -> Any:
+        """Server-side apply of one object as admin: create it or bring it to `obj`."""
+        return await self.api(
+            "PATCH",
+            _object_path(obj),
+            obj,
+            content_type="application/apply-patch+yaml",
+            params={"fieldManager": _FIELD_MANAGER, "force": "true"},
+        )
+
+    async def ensure_namespace(self, name: str) -> None:
+        """Create the namespace unless it exists (no controller manager deletes them)."""
+        await self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    async def service_account_token(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        audiences: Sequence[str] = (),
+        expiration_seconds: int = 3600,
+    ) -> str:
+        """A TokenRequest token for the ServiceAccount, created (with its namespace) if missing."""
+        await self.ensure_namespace(namespace)
+        await self.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": name, "namespace": namespace},
+            }
+        )
+        spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
+        if audiences:
+            spec["audiences"] = list(audiences)
+        answer = await self.api(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
+        return str(answer["status"]["token"])
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Poll ``/readyz`` until 200, either process exits, or `timeout_s` passes."""
+
+        async def ready() -> bool:
+            for process in (self._etcd, self._apiserver):
+                if process.exited() is not None:
+                    raise self.failure(f"{process.name} exited with {process.exited()}")
+            try:
+                await self.api("GET", "/readyz", timeout_s=5.0)
+            except (aiohttp.ClientError, TimeoutError, APIError):
+                return False
+            return True
+
+        if not await poll(ready, timeout_s=timeout_s):
+            raise self.failure(f"kube-apiserver not ready within {timeout_s:.0f}s")
+
+    async def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again with the same flags and data; wait ready."""
+        await self._apiserver.stop()
+        self._apiserver.start()
+        await self.wait_ready()
+
+    async def stop(self) -> None:
+        """Stop both processes by PID (apiserver first) and remove the work directory."""
+        try:
+            await self._apiserver.stop()
+            await self._etcd.stop()
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def failure(self, reason: str) -> ControlPlaneError:
+        """An error naming `reason` with the tail of both logs."""
+        return ControlPlaneError(f"{reason}\n{self._apiserver.tail()}\n{self._etcd.tail()}")
+
+    def logs(self) -> str:
+        """The tails of both logs, for a failing test's message."""
+        return f"{self._apiserver.tail()}\n{self._etcd.tail()}"
+
+    def _ca_only_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.server_ca))
+
+
+@contextlib.asynccontextmanager
+async def start_control_plane(binaries: Binaries | None = None) -> AsyncIterator[ControlPlane]:
+    """Start etcd and kube-apiserver in a fresh temporary directory; stop both on exit."""
+    plane = await launch(binaries or build_binaries())
+    try:
+        yield plane
+    finally:
+        await plane.stop()
+
+
+async def launch(binaries: Binaries) -> ControlPlane:
+    """Start a control plane and wait until it is ready; the caller must ``stop()`` it."""
+    workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-"))
+    try:
+        plane = _prepare(binaries, workdir)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    try:
+        plane._etcd.start()
+        plane._apiserver.start()
+        await plane.wait_ready()
+    except BaseException:
+        await plane.stop()
+        raise
+    return plane
+
+
+T = TypeVar("T")
+
+
+def run_sync(coro: Awaitable[T]) -> T:
+    """Run a coroutine to completion on a loop of its own in another thread.
+
+    Lets a synchronous session fixture start and stop the control plane whatever
+    event loop the tests use: nothing in ControlPlane is tied to a loop.
+    """
+
+    async def wrapper() -> T:
+        return await coro
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wrapper()).result()
+
+
+async def poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float) -> bool:
+    """Call `condition` until it is true (True) or `timeout_s` seconds pass (False)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if await condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(_POLL_INTERVAL_S)
+
+
+# -- APIService registration ----------------------------------------------
+
+
+async def register_apiservice(
+    plane: ControlPlane,
+    *,
+    group: str,
+    version: str,
+    namespace: str,
+    service: str,
+    port: int,
+    ca_bundle: bytes,
+    host: str = "127.0.0.1",
+    group_priority_minimum: int = 1000,
+    version_priority: int = 15,
+) -> str:
+    """Register ``<version>.<group>`` served at ``host:port`` on this machine; its name.
+
+    Creates `namespace` and an ExternalName Service `service` pointing at
+    `host` (see the module docstring for why), then the APIService with
+    `ca_bundle` (PEM) as the CA for the serving certificate, which must name
+    ``<service>.<namespace>.svc``. Applying again updates both in place.
+    """
+    await plane.ensure_namespace(namespace)
+    await plane.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": service, "namespace": namespace},
+            "spec": {"type": "ExternalName", "externalName": host},
+        }
+    )
+    name = f"{version}.{group}"
+    await plane.apply(
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": name},
+            "spec": {
+                "group": group,
+                "version": version,
+                "service": {"namespace": namespace, "name": service, "port": port},
+                "caBundle": base64.b64encode(ca_bundle).decode(),
+                "groupPriorityMinimum": group_priority_minimum,
+                "versionPriority": version_priority,
+            },
+        }
+    )
+    return name
+
+
+async def grant_delegated_auth(
+    plane: ControlPlane, *, namespace: str, service_account: str
+) -> None:
+    """Give a ServiceAccount what an aggregated server needs to delegate authn/authz.
+
+    A RoleBinding to ``extension-apiserver-authentication-reader`` in
+    kube-system (to read the front-proxy and client CA ConfigMap) and a
+    ClusterRoleBinding to ``system:auth-delegator`` (TokenReview and
+    SubjectAccessReview). Both roles are bootstrapped by kube-apiserver.
+    """
+    subject = [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]
+    binding = f"{namespace}:{service_account}"
+    await plane.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{binding}:auth-reader", "namespace": "kube-system"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "extension-apiserver-authentication-reader",
+            },
+            "subjects": subject,
+        }
+    )
+    await plane.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{binding}:auth-delegator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "system:auth-delegator",
+            },
+            "subjects": subject,
+        }
+    )
+
+
+async def apiservice_condition(plane: ControlPlane, name: str) -> dict[str, Any] | None:
+    """The APIService's ``Available`` condition, if it has one yet."""
+    apiservice = await plane.api("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{name}")
+    for condition in apiservice.get("status", {}).get("conditions", []):
+        if condition.get("type") == "Available":
+            return dict(condition)
+    return None
+
+
+async def wait_apiservice_available(
+    plane: ControlPlane, name: str, *, timeout_s: float = 30.0
+) -> None:
+    """Poll until the APIService is ``Available=True``; raise with its last condition."""
+    last: dict[str, Any] | None = None
+
+    async def available() -> bool:
+        nonlocal last
+        last = await apiservice_condition(plane, name)
+        return last is not None and last.get("status") == "True"
+
+    if not await poll(available, timeout_s=timeout_s):
+        raise plane.failure(f"APIService {name} not Available within {timeout_s:.0f}s: {last}")
+
+
+# -- setting up a work directory ------------------------------------------
+
+
+def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
+    pki = workdir / "pki"
+    pki.mkdir(mode=0o700)
+    etcd_port, peer_port, apiserver_port = _free_ports(3)
+    url = f"https://127.0.0.1:{apiserver_port}"
+
+    server_ca = certs.generate_ca("subres-e2e server CA")
+    serving = certs.issue_serving(
+        server_ca,
+        common_name="kube-apiserver",
+        dns_names=[
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ],
+        ip_addresses=["127.0.0.1", "10.0.0.1"],
+    )
+    client_ca = certs.generate_ca("subres-e2e client CA")
+    admin = certs.issue_client(client_ca, user=ADMIN_USER, groups=["system:masters"])
+    front_proxy_ca = certs.generate_ca("subres-e2e front-proxy CA")
+    front_proxy_client = certs.issue_client(front_proxy_ca, user=FRONT_PROXY_CLIENT, groups=[])
+
+    _write(pki / "server-ca.crt", server_ca.cert_pem())
+    serving.write(pki / "apiserver.crt", pki / "apiserver.key")
+    _write(pki / "client-ca.crt", client_ca.cert_pem())
+    admin.write(pki / "admin.crt", pki / "admin.key")
+    _write(pki / "front-proxy-ca.crt", front_proxy_ca.cert_pem())
+    front_proxy_client.write(pki / "front-proxy-client.crt", pki / "front-proxy-client.key")
+    _write_service_account_key(pki / "sa.key", pki / "sa.pub")
+    _write_token_file(pki / "tokens.csv", STATIC_USERS)
+
+    admin_kubeconfig = workdir / "kubeconfigs" / "admin.kubeconfig"
+    _write_kubeconfig(
+        admin_kubeconfig,
+        server=url,
+        ca=server_ca.cert_pem(),
+        user={
+            "client-certificate-data": base64.b64encode(admin.cert_pem()).decode(),
+            "client-key-data": base64.b64encode(admin.key_pem()).decode(),
+        },
+    )
+
+    etcd = _Process(
+        name="etcd",
+        args=_etcd_args(binaries.etcd, workdir / "etcd", etcd_port, peer_port),
+        log=workdir / "etcd.log",
+    )
+    apiserver = _Process(
+        name="kube-apiserver",
+        args=_apiserver_args(
+            binaries.kube_apiserver, pki, etcd_port=etcd_port, port=apiserver_port
+        ),
+        log=workdir / "kube-apiserver.log",
+    )
+    return ControlPlane(
+        binaries=binaries,
+        workdir=workdir,
+        url=url,
+        admin_kubeconfig=admin_kubeconfig,
+        server_ca=pki / "server-ca.crt",
+        client_ca=client_ca,
+        front_proxy_ca=front_proxy_ca,
+        front_proxy_client=front_proxy_client,
+        users={user.name: user for user in STATIC_USERS},
+        _etcd=etcd,
+        _apiserver=apiserver,
+        _admin_cert=pki / "admin.crt",
+        _admin_key=pki / "admin.key",
+    )
+
+
+def _etcd_args(binary: Path, data: Path, port: int, peer_port: int) -> list[str]:
+    client_url = f"http://127.0.0.1:{port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    return [
+        str(binary),
+        "--name=e2e",
+        f"--data-dir={data}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=e2e={peer_url}",
+        # Throwaway data: durability is not worth an fsync per write on a busy disk.
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_args(binary: Path, pki: Path, *, etcd_port: int, port: int) -> list[str]:
+    return [
+        str(binary),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        # The `kubernetes` Service is never dialled here (the aggregator routes
+        # it to loopback itself), and Endpoints may not hold a loopback address:
+        # advertise 127.0.0.1 and keep no Endpoints for it.
+        "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none",
+        "--service-cluster-ip-range=10.0.0.0/24",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--cert-dir={pki}",
+        f"--client-ca-file={pki / 'client-ca.crt'}",
+        f"--token-auth-file={pki / 'tokens.csv'}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--authorization-mode=Node,RBAC",
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        # ExternalName Services route only through the cluster-IP resolver.
+        "--enable-aggregator-routing=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel just handed out on 127.0.0.1 (all held until every one is chosen)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(mode)
+
+
+def _write_service_account_key(private: Path, public: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    _write(
+        private,
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        mode=0o600,
+    )
+    _write(
+        public,
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    )
+
+
+def _write_token_file(path: Path, users: Sequence[StaticUser]) -> None:
+    # token,user,uid,"group1,group2" (the groups column is one quoted CSV field).
+    lines = [
+        f'{user.token},{user.name},uid-{user.name},"{",".join(user.groups)}"' for user in users
+    ]
+    _write(path, ("\n".join(lines) + "\n").encode(), mode=0o600)
+
+
+def _write_kubeconfig(path: Path, *, server: str, ca: bytes, user: Mapping[str, str]) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "e2e",
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "e2e", "user": dict(user)}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
+        "current-context": "e2e",
+    }
+    # JSON is YAML: kubectl reads it as a kubeconfig.
+    _write(path, json.dumps(config, indent=2).encode(), mode=0o600)
+
+
+def _object_path(obj: Mapping[str, Any]) -> str:
+    """The REST path of one object of the few kinds the helpers apply."""
+    kind = obj["kind"]
+    meta = obj["metadata"]
+    plural = {
+        "Namespace": "namespaces",
+        "Service": "services",
+        "ServiceAccount": "serviceaccounts",
+        "APIService": "apiservices",
+        "ClusterRole": "clusterroles",
+        "ClusterRoleBinding": "clusterrolebindings",
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+    }[kind]
+    api_version = obj["apiVersion"]
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    namespace = meta.get("namespace")
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"{prefix}{scope}/{plural}/{meta['name']}"
