@@ -1,45 +1,31 @@
 """A real etcd and kube-apiserver on 127.0.0.1 for the end-to-end tests.
 
-Owns the life of one throwaway control plane: certificates (serving, client CA
-with an admin in ``system:masters``, front-proxy CA and client, service-account
-signing key), the static token users ``alice`` and ``bob``, the processes
-(started by PID, stopped by PID), readiness, restarts of kube-apiserver with
-the same flags and data, and the helpers the tests need against it: kubectl
-runs, admin API calls, ServiceAccount tokens and APIService registration.
-
-Binaries come from ``tests.gotools`` (built from the Go module proxy, cached).
-Nothing here listens anywhere but 127.0.0.1.
+Owns the life of one throwaway control plane: its flags, the processes
+(started by PID, stopped by PID with SIGTERM then SIGKILL), readiness,
+restarts of kube-apiserver with the same flags and data, and the calls the
+tests make against it: kubectl runs, admin API requests, server-side apply,
+ServiceAccount tokens. Credentials are ``credentials.py``'s; registering an
+aggregated server is ``aggregation.py``'s. Binaries come from
+``tests.gotools`` (built from the Go module proxy, cached). Nothing here
+listens anywhere but 127.0.0.1.
 
 Use the session fixture ``control_plane`` (``tests/e2e/conftest.py``) from any
 test, sync or async on any event loop, or ``async with start_control_plane()``
 for one of your own::
 
     token = await plane.service_account_token("subres-system", "subres")
-    await grant_delegated_auth(plane, namespace="subres-system", service_account="subres")
-    name = await register_apiservice(plane, group=..., version=..., namespace=...,
-                                     service=..., port=..., ca_bundle=ca_pem)
-    await wait_apiservice_available(plane, name)
+    await aggregation.grant_delegated_auth(
+        plane, namespace="subres-system", service_account="subres")
+    name = await aggregation.register_apiservice(
+        plane, group=..., version=..., namespace=..., service=..., port=..., ca_bundle=ca_pem)
+    await aggregation.wait_apiservice_available(plane, name)
     (await plane.kubectl("get", "--raw", "/apis/...", user="alice")).check()
     await plane.restart_apiserver()
-
-How kube-apiserver reaches an aggregated server without a cluster network:
-with ``--enable-aggregator-routing=false`` the aggregator resolves an
-APIService's Service with ``ResolveCluster`` (k8s.io/apiserver
-``pkg/util/proxy``), which turns an ``ExternalName`` Service into
-``https://<externalName>:<APIService port>`` without looking at Endpoints, and
-the availability controller probes it directly (it checks ports and endpoints
-only for ``ClusterIP`` Services). So an ExternalName of ``127.0.0.1`` (a valid
-DNS-1123 subdomain, dialled as an address with no DNS lookup) reaches a server
-on this machine. The TLS ServerName is still ``<service>.<namespace>.svc``.
-The other route, ``--enable-aggregator-routing=true``, picks an EndpointSlice
-address instead, refuses ExternalName Services, and EndpointSlice validation
-rejects loopback addresses, so it would need a network namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import json
@@ -57,38 +43,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from subres.server import certs
 from tests import gotools
+from tests.e2e import credentials
+from tests.e2e.credentials import ADMIN_USER, StaticUser
 
 __all__ = [
-    "ADMIN_USER",
-    "FRONT_PROXY_CLIENT",
-    "STATIC_USERS",
     "APIError",
     "Binaries",
     "ControlPlane",
     "ControlPlaneError",
     "KubectlResult",
-    "StaticUser",
-    "apiservice_condition",
     "build_binaries",
-    "grant_delegated_auth",
     "launch",
     "poll",
-    "register_apiservice",
     "run_sync",
     "start_control_plane",
-    "wait_apiservice_available",
 ]
-
-ADMIN_USER = "admin"
-"""CN of the admin client certificate (in ``system:masters``)."""
-
-FRONT_PROXY_CLIENT = "front-proxy-client"
-"""CN of kube-apiserver's proxy client certificate, the only allowed request-header name."""
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 """``--service-account-issuer``; also the default audience of TokenRequests."""
@@ -102,25 +74,6 @@ STOP_TIMEOUT_S = 20.0
 _POLL_INTERVAL_S = 0.2
 _LOG_TAIL_CHARS = 6000
 _FIELD_MANAGER = "subres-e2e"
-
-
-@dataclass(frozen=True)
-class StaticUser:
-    """A user of ``--token-auth-file``."""
-
-    name: str
-    """User name."""
-    token: str
-    """Bearer token."""
-    groups: tuple[str, ...] = ()
-    """Groups besides ``system:authenticated``."""
-
-
-STATIC_USERS = (
-    StaticUser(name="alice", token="alice-token-e2e", groups=("subres:users",)),
-    StaticUser(name="bob", token="bob-token-e2e"),
-)
-"""The users the token file knows; none has any RBAC permission to begin with."""
 
 
 class ControlPlaneError(RuntimeError):
@@ -275,7 +228,7 @@ class ControlPlane:
         """Kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's)."""
         path = self.workdir / "kubeconfigs" / f"{name}.kubeconfig"
         if self._kubeconfigs.get(name) != path or not path.exists():
-            _write_kubeconfig(
+            credentials.write_kubeconfig(
                 path, server=self.url, ca=self.server_ca.read_bytes(), user={"token": token}
             )
             self._kubeconfigs[name] = path
@@ -499,168 +452,20 @@ async def poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float) ->
         await asyncio.sleep(_POLL_INTERVAL_S)
 
 
-# -- APIService registration ----------------------------------------------
-
-
-async def register_apiservice(
-    plane: ControlPlane,
-    *,
-    group: str,
-    version: str,
-    namespace: str,
-    service: str,
-    port: int,
-    ca_bundle: bytes,
-    host: str = "127.0.0.1",
-    group_priority_minimum: int = 1000,
-    version_priority: int = 15,
-) -> str:
-    """Register ``<version>.<group>`` served at ``host:port`` on this machine; its name.
-
-    Creates `namespace` and an ExternalName Service `service` pointing at
-    `host` (see the module docstring for why), then the APIService with
-    `ca_bundle` (PEM) as the CA for the serving certificate, which must name
-    ``<service>.<namespace>.svc``. Applying again updates both in place.
-    """
-    await plane.ensure_namespace(namespace)
-    await plane.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": service, "namespace": namespace},
-            "spec": {"type": "ExternalName", "externalName": host},
-        }
-    )
-    name = f"{version}.{group}"
-    await plane.apply(
-        {
-            "apiVersion": "apiregistration.k8s.io/v1",
-            "kind": "APIService",
-            "metadata": {"name": name},
-            "spec": {
-                "group": group,
-                "version": version,
-                "service": {"namespace": namespace, "name": service, "port": port},
-                "caBundle": base64.b64encode(ca_bundle).decode(),
-                "groupPriorityMinimum": group_priority_minimum,
-                "versionPriority": version_priority,
-            },
-        }
-    )
-    return name
-
-
-async def grant_delegated_auth(
-    plane: ControlPlane, *, namespace: str, service_account: str
-) -> None:
-    """Give a ServiceAccount what an aggregated server needs to delegate authn/authz.
-
-    A RoleBinding to ``extension-apiserver-authentication-reader`` in
-    kube-system (to read the front-proxy and client CA ConfigMap) and a
-    ClusterRoleBinding to ``system:auth-delegator`` (TokenReview and
-    SubjectAccessReview). Both roles are bootstrapped by kube-apiserver.
-    """
-    subject = [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]
-    binding = f"{namespace}:{service_account}"
-    await plane.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": f"{binding}:auth-reader", "namespace": "kube-system"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "extension-apiserver-authentication-reader",
-            },
-            "subjects": subject,
-        }
-    )
-    await plane.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{binding}:auth-delegator"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "system:auth-delegator",
-            },
-            "subjects": subject,
-        }
-    )
-
-
-async def apiservice_condition(plane: ControlPlane, name: str) -> dict[str, Any] | None:
-    """The APIService's ``Available`` condition, if it has one yet."""
-    apiservice = await plane.api("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{name}")
-    for condition in apiservice.get("status", {}).get("conditions", []):
-        if condition.get("type") == "Available":
-            return dict(condition)
-    return None
-
-
-async def wait_apiservice_available(
-    plane: ControlPlane, name: str, *, timeout_s: float = 30.0
-) -> None:
-    """Poll until the APIService is ``Available=True``; raise with its last condition."""
-    last: dict[str, Any] | None = None
-
-    async def available() -> bool:
-        nonlocal last
-        last = await apiservice_condition(plane, name)
-        return last is not None and last.get("status") == "True"
-
-    if not await poll(available, timeout_s=timeout_s):
-        raise plane.failure(f"APIService {name} not Available within {timeout_s:.0f}s: {last}")
-
-
 # -- setting up a work directory ------------------------------------------
 
 
 def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
-    pki = workdir / "pki"
-    pki.mkdir(mode=0o700)
+    pki = credentials.write_pki(workdir / "pki")
     etcd_port, peer_port, apiserver_port = _free_ports(3)
     url = f"https://127.0.0.1:{apiserver_port}"
-
-    server_ca = certs.generate_ca("subres-e2e server CA")
-    serving = certs.issue_serving(
-        server_ca,
-        common_name="kube-apiserver",
-        dns_names=[
-            "localhost",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-            "kubernetes.default.svc.cluster.local",
-        ],
-        ip_addresses=["127.0.0.1", "10.0.0.1"],
-    )
-    client_ca = certs.generate_ca("subres-e2e client CA")
-    admin = certs.issue_client(client_ca, user=ADMIN_USER, groups=["system:masters"])
-    front_proxy_ca = certs.generate_ca("subres-e2e front-proxy CA")
-    front_proxy_client = certs.issue_client(front_proxy_ca, user=FRONT_PROXY_CLIENT, groups=[])
-
-    _write(pki / "server-ca.crt", server_ca.cert_pem())
-    serving.write(pki / "apiserver.crt", pki / "apiserver.key")
-    _write(pki / "client-ca.crt", client_ca.cert_pem())
-    admin.write(pki / "admin.crt", pki / "admin.key")
-    _write(pki / "front-proxy-ca.crt", front_proxy_ca.cert_pem())
-    front_proxy_client.write(pki / "front-proxy-client.crt", pki / "front-proxy-client.key")
-    _write_service_account_key(pki / "sa.key", pki / "sa.pub")
-    _write_token_file(pki / "tokens.csv", STATIC_USERS)
-
     admin_kubeconfig = workdir / "kubeconfigs" / "admin.kubeconfig"
-    _write_kubeconfig(
+    credentials.write_kubeconfig(
         admin_kubeconfig,
         server=url,
-        ca=server_ca.cert_pem(),
-        user={
-            "client-certificate-data": base64.b64encode(admin.cert_pem()).decode(),
-            "client-key-data": base64.b64encode(admin.key_pem()).decode(),
-        },
+        ca=pki.server_ca.cert_pem(),
+        user=credentials.admin_user_entry(pki),
     )
-
     etcd = _Process(
         name="etcd",
         args=_etcd_args(binaries.etcd, workdir / "etcd", etcd_port, peer_port),
@@ -669,7 +474,7 @@ def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
     apiserver = _Process(
         name="kube-apiserver",
         args=_apiserver_args(
-            binaries.kube_apiserver, pki, etcd_port=etcd_port, port=apiserver_port
+            binaries.kube_apiserver, pki.dir, etcd_port=etcd_port, port=apiserver_port
         ),
         log=workdir / "kube-apiserver.log",
     )
@@ -678,15 +483,15 @@ def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
         workdir=workdir,
         url=url,
         admin_kubeconfig=admin_kubeconfig,
-        server_ca=pki / "server-ca.crt",
-        client_ca=client_ca,
-        front_proxy_ca=front_proxy_ca,
-        front_proxy_client=front_proxy_client,
-        users={user.name: user for user in STATIC_USERS},
+        server_ca=pki.file("server-ca.crt"),
+        client_ca=pki.client_ca,
+        front_proxy_ca=pki.front_proxy_ca,
+        front_proxy_client=pki.front_proxy_client,
+        users={user.name: user for user in credentials.STATIC_USERS},
         _etcd=etcd,
         _apiserver=apiserver,
-        _admin_cert=pki / "admin.crt",
-        _admin_key=pki / "admin.key",
+        _admin_cert=pki.file("admin.crt"),
+        _admin_key=pki.file("admin.key"),
     )
 
 
@@ -730,7 +535,7 @@ def _apiserver_args(binary: Path, pki: Path, *, etcd_port: int, port: int) -> li
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         "--authorization-mode=Node,RBAC",
         f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
-        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        f"--requestheader-allowed-names={credentials.FRONT_PROXY_CLIENT}",
         "--requestheader-username-headers=X-Remote-User",
         "--requestheader-group-headers=X-Remote-Group",
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
@@ -753,60 +558,6 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-def _write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    path.chmod(mode)
-
-
-def _write_service_account_key(private: Path, public: Path) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    _write(
-        private,
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-        mode=0o600,
-    )
-    _write(
-        public,
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        ),
-    )
-
-
-def _write_token_file(path: Path, users: Sequence[StaticUser]) -> None:
-    # token,user,uid,"group1,group2" (the groups column is one quoted CSV field).
-    lines = [
-        f'{user.token},{user.name},uid-{user.name},"{",".join(user.groups)}"' for user in users
-    ]
-    _write(path, ("\n".join(lines) + "\n").encode(), mode=0o600)
-
-
-def _write_kubeconfig(path: Path, *, server: str, ca: bytes, user: Mapping[str, str]) -> None:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {
-                    "server": server,
-                    "certificate-authority-data": base64.b64encode(ca).decode(),
-                },
-            }
-        ],
-        "users": [{"name": "e2e", "user": dict(user)}],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
-        "current-context": "e2e",
-    }
-    # JSON is YAML: kubectl reads it as a kubeconfig.
-    _write(path, json.dumps(config, indent=2).encode(), mode=0o600)
 
 
 def _object_path(obj: Mapping[str, Any]) -> str:

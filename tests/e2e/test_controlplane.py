@@ -20,16 +20,13 @@ from aiohttp import web
 
 from subres.server import certs
 from tests import gotools
-from tests.e2e.controlplane import (
-    ADMIN_USER,
-    FRONT_PROXY_CLIENT,
-    APIError,
-    ControlPlane,
+from tests.e2e.aggregation import (
     grant_delegated_auth,
-    poll,
     register_apiservice,
     wait_apiservice_available,
 )
+from tests.e2e.controlplane import APIError, ControlPlane, poll
+from tests.e2e.credentials import ADMIN_USER, FRONT_PROXY_CLIENT
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "deploy" / "crd-machine.yaml"
