@@ -114,6 +114,8 @@ class SessionSpec:
     """Bytes asked of the backend per read (64 KiB halves CPU against 4 KiB)."""
     max_message: int = 1 << 20
     """Largest WebSocket message accepted from a client."""
+    screenshot_timeout: float = 10.0
+    """Seconds a VNC server has, once dialed, to deliver a screenshot before 504."""
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ def _networks(
 
 
 def _session(data: Any) -> SessionSpec:
-    keys = {"pingInterval", "connectTimeout", "readSize", "maxMessage"}
+    keys = {"pingInterval", "connectTimeout", "readSize", "maxMessage", "screenshotTimeout"}
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
     return SessionSpec(
@@ -267,6 +269,9 @@ def _session(data: Any) -> SessionSpec:
         ),
         read_size=int(_positive(doc.get("readSize", default.read_size), "readSize")),
         max_message=int(_positive(doc.get("maxMessage", default.max_message), "maxMessage")),
+        screenshot_timeout=_positive(
+            doc.get("screenshotTimeout", default.screenshot_timeout), "screenshotTimeout"
+        ),
     )
 
 

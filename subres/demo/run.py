@@ -2,8 +2,9 @@
 
 Writes a state directory (certificates, a random token, a kubeconfig, the
 machines file, the config), starts the demo machine's console (a shell in a
-PTY on a unix socket) and a standalone server on loopback, prints what to
-try, and stops cleanly on Ctrl+C or SIGTERM.
+PTY on a unix socket), its display (a small VNC server on another) and a
+standalone server on loopback, prints what to try, and stops cleanly on
+Ctrl+C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from subres.demo.shell import ShellServer
+from subres.demo.vnc import VncServer
 from subres.server import certs
 from subres.server.options import Options
 from subres.server.run import Server, complete
@@ -65,7 +67,8 @@ def prepare(state_dir: Path, port: int) -> Options:
         token_auth_file=tokens,
         service_name="subres",
         service_namespace="subres-system",
-        authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
+        # The browser page is static and public; its WebSockets carry the token.
+        authorization_always_allow_paths=("/healthz", "/readyz", "/livez", "/ui", "/ui/*"),
         shutdown_grace=2.0,
     )
 
@@ -86,7 +89,10 @@ def _machines(state_dir: Path) -> str:
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"console": {"endpoint": f"unix://{state_dir / 'console.sock'}"}},
+            "spec": {
+                "console": {"endpoint": f"unix://{state_dir / 'console.sock'}"},
+                "vnc": {"endpoint": f"unix://{state_dir / 'vnc.sock'}"},
+            },
             "status": {"phase": phase},
         }
 
@@ -103,7 +109,7 @@ def _write_yaml(path: Path, data: object) -> None:
 def write_kubeconfig(state_dir: Path, port: int) -> Path:
     """A kubeconfig with the server's address, its CA and the demo token."""
     ca = (state_dir / "certs" / "ca.crt").read_bytes()
-    token = (state_dir / "tokens.csv").read_text().split(",", 1)[0]
+    token = _token(state_dir)
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -131,32 +137,44 @@ def write_kubeconfig(state_dir: Path, port: int) -> Path:
     return path
 
 
-async def start(state_dir: Path, port: int) -> tuple[Server, ShellServer, Path]:
-    """Start the console shell and the server; the kubeconfig path."""
+async def start(state_dir: Path, port: int) -> tuple[Server, ShellServer, VncServer, Path]:
+    """Start the console shell, the display and the server; the kubeconfig path."""
     options = prepare(state_dir, port)
     assert options.standalone is not None
     shell = ShellServer(
         options.standalone.parent / "console.sock", shell=os.environ.get("SHELL", "/bin/sh")
     )
+    display = VncServer(options.standalone.parent / "vnc.sock")
     await shell.start()
-    server = complete(options)
     try:
+        await display.start()
+        server = complete(options)
         bound = await server.start()
     except BaseException:
+        await display.stop()
         await shell.stop()
         raise
-    return server, shell, write_kubeconfig(options.standalone.parent, bound)
+    return server, shell, display, write_kubeconfig(options.standalone.parent, bound)
+
+
+def _token(state_dir: Path) -> str:
+    return (state_dir / "tokens.csv").read_text().split(",", 1)[0]
 
 
 def _banner(kubeconfig: Path, port: int) -> str:
     group = "/apis/subresources.subres.dev/v1alpha1"
+    # The token rides in the fragment, which browsers never send to the server.
+    page = f"https://{ADDRESS}:{port}/ui/?machine=default/demo#token={_token(kubeconfig.parent)}"
     return f"""subres demo is serving on https://{ADDRESS}:{port} (Ctrl+C stops it)
   kubeconfig: {kubeconfig}
   machines:   {kubeconfig.parent / "machines.yaml"} (edit it; changes apply at once)
+  browser:    {page}
 
 Try:
   subres --kubeconfig {kubeconfig} console demo        (Ctrl+] leaves)
   echo 'uname -a' | subres --kubeconfig {kubeconfig} console demo
+  subres --kubeconfig {kubeconfig} vnc demo
+  subres --kubeconfig {kubeconfig} screenshot demo -o demo.png
   kubectl --kubeconfig {kubeconfig} get --raw {group}
   kubectl --kubeconfig {kubeconfig} get --raw \\
       {group}/namespaces/default/machines/stopped/console
@@ -164,7 +182,7 @@ Try:
 
 
 async def _run(state_dir: Path, port: int) -> None:
-    server, shell, kubeconfig = await start(state_dir, port)
+    server, shell, display, kubeconfig = await start(state_dir, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -175,6 +193,7 @@ async def _run(state_dir: Path, port: int) -> None:
     finally:
         print("stopping", file=sys.stderr, flush=True)
         await server.stop()
+        await display.stop()
         await shell.stop()
 
 

@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from subres.server import console, health, middleware, portforward
+from subres.server import console, health, middleware, portforward, screenshot, vnc
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
 from subres.server.state import State
+from subres.web import page
 
 __all__ = ["build"]
 
@@ -38,6 +39,8 @@ def build(state: State) -> web.Application:
         ("GET", "/metrics", metrics),
         ("GET", f"{sub}/console", console.handle),
         ("POST", f"{sub}/console", console.handle),
+        ("GET", f"{sub}/vnc", vnc.handle),
+        ("GET", f"{sub}/screenshot", screenshot.handle),
         ("GET", f"{sub}/portforward", portforward.handle),
         ("POST", f"{sub}/portforward", portforward.handle),
         ("GET", f"{sub}/portforward/{{port}}", portforward.handle_port),
@@ -46,6 +49,9 @@ def build(state: State) -> web.Application:
     for method, path, handler in table:
         app.router.add_route(method, path, functools.partial(handler, state))
     _health_routes(app, state)
+    # The browser page; anonymous users reach it only where `/ui/*` is an always-allowed path.
+    parent = state.config.parents[0].resource
+    page.add_routes(app, page.PageSettings(api_prefix=f"/apis/{group}/{version}", resource=parent))
 
     async def on_shutdown(_: web.Application) -> None:
         await state.sessions.close_all("the server is shutting down")
