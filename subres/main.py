@@ -31,6 +31,12 @@ def _serve(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _certs(ns: argparse.Namespace) -> int:
+    from subres.server import certsverb
+
+    return certsverb.run(ns)
+
+
 def _demo(ns: argparse.Namespace) -> int:
     from subres.demo import run
 
@@ -51,6 +57,12 @@ def parser() -> argparse.ArgumentParser:
     serve = verbs.add_parser("serve", help="run the aggregated API server")
     add_arguments(serve)
     serve.set_defaults(func=_serve)
+
+    from subres.server import certsverb
+
+    certs = verbs.add_parser("certs", help="write a serving certificate Secret and caBundle")
+    certsverb.add_arguments(certs)
+    certs.set_defaults(func=_certs)
 
     from subres.demo.run import add_arguments as add_demo_arguments
 

@@ -1,0 +1,60 @@
+"""deploy/ parses and says what the contract needs; `subres certs` writes usable files."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+
+from subres.main import main
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def documents() -> dict[tuple[str, str], dict[str, Any]]:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    docs = {}
+    for name in kustomization["resources"]:
+        for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
+            docs[(doc["kind"], doc["metadata"]["name"])] = doc
+    return docs
+
+
+def test_manifests_hold_the_contract() -> None:
+    docs = documents()
+    assert docs[("ClusterRoleBinding", "subres:system:auth-delegator")]["roleRef"]["name"] == (
+        "system:auth-delegator"
+    )
+    reader = docs[("RoleBinding", "subres:extension-apiserver-authentication-reader")]
+    assert reader["metadata"]["namespace"] == "kube-system"
+    user = docs[("ClusterRole", "subres-machine-user")]["rules"][0]
+    assert set(user["verbs"]) == {"get", "create"}
+    assert "machines/portforward" in user["resources"]
+    viewer = docs[("ClusterRole", "subres-screenshot-viewer")]["rules"][0]
+    assert (viewer["resources"], viewer["verbs"]) == (["machines/screenshot"], ["get"])
+    pod = docs[("Deployment", "subres")]["spec"]
+    assert pod["replicas"] == 2
+    container = pod["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    api = docs[("APIService", "v1alpha1.subresources.subres.dev")]["spec"]
+    assert (api["group"], api["version"]) == ("subresources.subres.dev", "v1alpha1")
+    assert 1 <= api["groupPriorityMinimum"] <= 20000 and 1 <= api["versionPriority"] <= 1000
+    assert ("PodDisruptionBudget", "subres") in docs
+
+
+def test_certs_verb_writes_secret_and_cabundle(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["certs", "--service", "subres", "--namespace", "subres-system", "--out", str(out)]
+    assert main(argv) == 0
+    secret = yaml.safe_load((out / "secret.yaml").read_text())
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "subres.subres-system.svc" in names.get_values_for_type(x509.DNSName)
+    patch = yaml.safe_load((out / "apiservice-cabundle.yaml").read_text())
+    ca = x509.load_pem_x509_certificate(base64.b64decode(patch["spec"]["caBundle"]))
+    cert.verify_directly_issued_by(ca)
+    assert secret["metadata"]["namespace"] == "subres-system"
