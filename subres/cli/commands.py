@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from subres.cli import console, portforward
+from subres.cli import console, portforward, screenshot, vnc
 
 __all__ = ["add_client_flags", "add_verbs"]
 
@@ -47,3 +47,20 @@ def add_verbs(verbs: Any) -> None:
     portforward.add_arguments(parser)
     add_client_flags(parser, on_verb=True)
     parser.set_defaults(func=portforward.main)
+    parser = verbs.add_parser(
+        "vnc",
+        help="open a machine's display in a local VNC viewer",
+        description="Relay a local port to a machine's VNC display and start a viewer, "
+        'or with --proxy-only print {"port": N} and relay until interrupted.',
+    )
+    vnc.add_arguments(parser)
+    add_client_flags(parser, on_verb=True)
+    parser.set_defaults(func=vnc.main)
+    parser = verbs.add_parser(
+        "screenshot",
+        help="save a machine's display as a PNG file",
+        description="Save the current picture of a machine's display as a PNG file.",
+    )
+    screenshot.add_arguments(parser)
+    add_client_flags(parser, on_verb=True)
+    parser.set_defaults(func=screenshot.main)

@@ -36,11 +36,16 @@ __all__ = [
     "ForwardError",
     "Link",
     "PortSpec",
+    "WebSocketLink",
     "WebSocketTransport",
     "add_arguments",
+    "bridge",
     "main",
+    "object_url",
+    "open_link",
     "parse_port",
     "parse_target",
+    "status_message",
 ]
 
 DEFAULT_GROUP_VERSION = "subresources.subres.dev/v1alpha1"
@@ -209,52 +214,65 @@ class WebSocketLink:
             await self._closing
 
 
+def object_url(
+    config: ClientConfig, *, group_version: str, target: Target, websocket: bool = True
+) -> str:
+    """The URL of `target` in `config`'s namespace (ws/wss, or the server's own scheme).
+
+    Subresources go below it.
+    """
+    parts = urlsplit(config.server)
+    scheme = parts.scheme
+    if websocket:
+        scheme = "wss" if parts.scheme == "https" else "ws"
+    path = "/".join(
+        quote(s, safe="") for s in ("namespaces", config.namespace, target.resource, target.name)
+    )
+    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/apis/{group_version}/{path}"
+
+
+async def open_link(config: ClientConfig, url: str) -> WebSocketLink:
+    """A raw KubeVirt-style WebSocket to `url`; `ForwardError` with the server's reason."""
+    tls: dict[str, Any] = {}
+    if url.startswith("wss:"):
+        tls["ssl"] = config.ssl
+        if config.server_hostname:
+            tls["server_hostname"] = config.server_hostname
+    try:
+        ws = await connect(
+            url,
+            subprotocols=[Subprotocol(SUBPROTOCOL)],
+            additional_headers=dict(config.headers),
+            compression=None,
+            max_size=MAX_MESSAGE,
+            open_timeout=OPEN_TIMEOUT,
+            close_timeout=HALF_CLOSE_TIMEOUT,
+            **tls,
+        )
+    except InvalidStatus as exc:
+        raise ForwardError(status_message(exc.response.body, exc.response.status_code)) from None
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        raise ForwardError(f"cannot connect to {config.server}: {exc}") from None
+    return WebSocketLink(ws)
+
+
 class WebSocketTransport:
     """One WebSocket per forwarded connection, at `…/portforward/{port}/{protocol}`."""
 
     def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
         self._config = config
-        parts = urlsplit(config.server)
-        scheme = "wss" if parts.scheme == "https" else "ws"
-        path = "/".join(
-            quote(s, safe="")
-            for s in ("namespaces", config.namespace, target.resource, target.name)
-        )
-        self._base = (
-            f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/apis/{group_version}/{path}"
-        )
+        self._base = object_url(config, group_version=group_version, target=target)
 
     async def open(self, remote: int, protocol: str) -> Link:
-        tls: dict[str, Any] = {}
-        if self._base.startswith("wss:"):
-            tls["ssl"] = self._config.ssl
-            if self._config.server_hostname:
-                tls["server_hostname"] = self._config.server_hostname
-        try:
-            ws = await connect(
-                f"{self._base}/portforward/{remote}/{protocol}",
-                subprotocols=[Subprotocol(SUBPROTOCOL)],
-                additional_headers=dict(self._config.headers),
-                compression=None,
-                max_size=MAX_MESSAGE,
-                open_timeout=OPEN_TIMEOUT,
-                close_timeout=HALF_CLOSE_TIMEOUT,
-                **tls,
-            )
-        except InvalidStatus as exc:
-            raise ForwardError(
-                _status_message(exc.response.body, exc.response.status_code)
-            ) from None
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            raise ForwardError(f"cannot connect to {self._config.server}: {exc}") from None
-        return WebSocketLink(ws)
+        return await open_link(self._config, f"{self._base}/portforward/{remote}/{protocol}")
 
 
 TRANSPORTS: dict[str, Callable[..., Transport]] = {"websocket": WebSocketTransport}
 """Transports by `--transport` name; others (SPDY, tunnelled SPDY) can be added here."""
 
 
-def _status_message(body: bytes | bytearray | None, code: int) -> str:
+def status_message(body: bytes | bytearray | None, code: int) -> str:
+    """The message of the `Status` in an error answer, else its body, else the code."""
     try:
         status = json.loads(body or b"")
     except ValueError:
@@ -264,7 +282,7 @@ def _status_message(body: bytes | bytearray | None, code: int) -> str:
     return (body or b"").decode("utf-8", "replace").strip() or f"the server answered {code}"
 
 
-async def _bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link) -> None:
+async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link) -> None:
     """Copy both ways: local EOF half-closes the link; the link's end ends the local side."""
     up = asyncio.create_task(_up(reader, link))
     try:
@@ -338,7 +356,7 @@ async def _serve_tcp(
         writer.close()
         return
     try:
-        await _bridge(reader, writer, link)
+        await bridge(reader, writer, link)
     finally:
         writer.close()
 
@@ -357,7 +375,7 @@ async def _stdio(transport: Transport, remote: int) -> int:
         raise ForwardError(f"--stdio needs pipes or sockets: {exc}") from None
     writer = asyncio.StreamWriter(out, protocol, None, loop)
     try:
-        await _bridge(reader, writer, link)
+        await bridge(reader, writer, link)
     finally:
         out.close()
     return 0

@@ -1,0 +1,161 @@
+"""`subres vnc`: a machine's display in a local VNC viewer, like `virtctl vnc`.
+
+Owns the verb's flags, the local TCP listener (127.0.0.1 by default) whose
+connections are relayed to the `vnc` subresource, `--proxy-only` (prints
+`{"port": N}` and relays until interrupted), and finding and starting a
+viewer. The first WebSocket opens before listening, so a refusal (machine
+stopped, no display) is an error at once rather than a viewer that cannot
+connect; each later local connection opens its own, taking the session over.
+The relaying itself is the port-forward verb's (`portforward.bridge`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import shutil
+import signal
+import sys
+
+from subres.cli import kubeconfig, portforward, terminal
+from subres.cli.kubeconfig import ClientConfig
+from subres.cli.portforward import ForwardError, Link
+
+__all__ = ["VIEWERS", "add_arguments", "main", "viewer_command"]
+
+VIEWERS = (
+    ("remote-viewer", "remote-viewer vnc://{address}:{port}"),
+    ("vncviewer", "vncviewer {address}::{port}"),
+)
+"""Viewers tried in order when `--viewer` is not given: the program and how to run it."""
+VIEWER_STOP_TIMEOUT = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `vnc` flags (the client connection flags are added by the caller)."""
+    parser.add_argument("target", metavar="[machine/]NAME", help="the machine to view")
+    parser.add_argument(
+        "--proxy-only",
+        action="store_true",
+        help='only listen: print {"port": N} and relay connections until interrupted',
+    )
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=0, help="local port to listen on (default 0: any free port)"
+    )
+    parser.add_argument(
+        "--viewer",
+        metavar="CMD",
+        help="viewer command, with {address} and {port} filled in "
+        "(default: remote-viewer, else vncviewer)",
+    )
+    parser.add_argument(
+        "--api-group-version", default=portforward.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+    )
+
+
+def viewer_command(template: str | None) -> list[str]:
+    """The viewer's argv template: `--viewer`'s, else the first known viewer installed."""
+    if template is not None:
+        if "{port}" not in template:
+            raise ForwardError("--viewer needs {port} (and usually {address}) in its command")
+        return shlex.split(template)
+    for program, command in VIEWERS:
+        if shutil.which(program):
+            return shlex.split(command)
+    names = " or ".join(program for program, _ in VIEWERS)
+    raise ForwardError(f"no VNC viewer found: install {names}, or use --viewer or --proxy-only")
+
+
+def main(ns: argparse.Namespace) -> int:
+    """Relay until interrupted (or until the viewer exits)."""
+    try:
+        target = portforward.parse_target(ns.target)
+        viewer = None if ns.proxy_only else viewer_command(ns.viewer)
+        config = kubeconfig.from_args(ns)
+        base = portforward.object_url(config, group_version=ns.api_group_version, target=target)
+        return asyncio.run(_Relay(config, f"{base}/vnc").run(ns.address, ns.port, viewer))
+    except (kubeconfig.KubeconfigError, ForwardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+class _Relay:
+    """The local listener and the WebSocket of each connection it accepts."""
+
+    def __init__(self, config: ClientConfig, url: str) -> None:
+        self._config = config
+        self._url = url
+        self._ready: Link | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()
+
+    async def run(self, address: str, port: int, viewer: list[str] | None) -> int:
+        self._ready = await portforward.open_link(self._config, self._url)
+        try:
+            server = await asyncio.start_server(self._serve, address, port)
+        except OSError as exc:
+            await self._ready.close()
+            raise ForwardError(f"cannot listen on {address}:{port}: {exc.strerror}") from None
+        bound = int(server.sockets[0].getsockname()[1])
+        try:
+            with terminal.on_signals((signal.SIGINT, signal.SIGTERM), self._stop.set):
+                if viewer is None:
+                    print(json.dumps({"port": bound}), flush=True)
+                    await self._stop.wait()
+                    return 0
+                return await self._view(viewer, address=address, port=bound)
+        finally:
+            server.close()
+            await self._end_connections()
+
+    async def _view(self, viewer: list[str], *, address: str, port: int) -> int:
+        argv = [arg.format(address=address, port=port) for arg in viewer]
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv)
+        except OSError as exc:
+            raise ForwardError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+        waiter = asyncio.create_task(proc.wait())
+        stopped = asyncio.create_task(self._stop.wait())
+        await asyncio.wait([waiter, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(VIEWER_STOP_TIMEOUT):
+                    await waiter
+            except TimeoutError:
+                proc.kill()
+                await waiter
+        return 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            link, self._ready = self._ready, None
+            if link is None:
+                link = await portforward.open_link(self._config, self._url)
+            await portforward.bridge(reader, writer, link)
+        except ForwardError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        except asyncio.CancelledError:
+            # Only we cancel these, on exit; asyncio would log a cancelled
+            # connection handler as an unhandled error.
+            pass
+        finally:
+            writer.close()
+            self._connections.discard(task)
+
+    async def _end_connections(self) -> None:
+        if self._ready is not None:
+            await self._ready.close()
+        for task in self._connections:
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(self._connections)
