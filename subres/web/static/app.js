@@ -1,0 +1,107 @@
+// The page: which machine, how to authenticate, the tabs and the status badge.
+import { ConsoleView } from './console.js';
+import { VncView } from './vnc.js';
+
+const TOKEN_KEY = 'subres.token';
+const BEARER_PREFIX = 'base64url.bearer.authorization.k8s.io.';
+
+const settings = await (await fetch('config.json')).json();
+const machine = chooseMachine();
+const status = document.getElementById('status');
+const views = {};
+const states = {};
+let visible = 'console';
+
+document.getElementById('picker').elements.machine.value = machine || '';
+if (machine) {
+  document.getElementById('machine').textContent = machine;
+  document.title = `${machine} · subres`;
+  const token = settings.bearer ? takeToken() : '';
+  if (settings.bearer && !token) {
+    askForToken();
+  } else {
+    start(token);
+  }
+} else {
+  showStatus('idle', 'pick a machine');
+}
+
+function chooseMachine() {
+  const asked = new URLSearchParams(location.search).get('machine') || settings.machine;
+  if (!asked) return '';
+  return asked.includes('/') ? asked : `${settings.namespace}/${asked}`;
+}
+
+// A token arrives in the fragment (which never reaches a server's logs); keep it
+// for this tab only and take it out of the address bar.
+function takeToken() {
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  if (fragment.has('token')) {
+    sessionStorage.setItem(TOKEN_KEY, fragment.get('token'));
+    history.replaceState(null, '', location.pathname + location.search);
+  }
+  return sessionStorage.getItem(TOKEN_KEY) || '';
+}
+
+function askForToken() {
+  const form = document.getElementById('login');
+  form.hidden = false;
+  document.querySelector('main').hidden = true;
+  showStatus('idle', 'token needed');
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, form.elements.token.value.trim());
+    form.hidden = true;
+    document.querySelector('main').hidden = false;
+    start(sessionStorage.getItem(TOKEN_KEY));
+  });
+}
+
+function start(token) {
+  const endpoint = (sub) => subresourceUrl(machine, sub);
+  const auth = token ? [BEARER_PREFIX + base64url(token)] : [];
+  const report = (name) => (state, text) => {
+    states[name] = [state, text];
+    if (name === visible) showStatus(state, text);
+  };
+  views.console = new ConsoleView(document.getElementById('console'), {
+    url: endpoint('console'), auth, onStatus: report('console'),
+  });
+  views.vnc = new VncView(document.getElementById('vnc'), {
+    url: endpoint('vnc'), auth, onStatus: report('vnc'),
+  });
+  for (const tab of document.querySelectorAll('nav button')) {
+    tab.addEventListener('click', () => show(tab.dataset.pane));
+  }
+  window.subres = views; // for tests and for poking at the page from devtools
+  show(location.hash === '#vnc' ? 'vnc' : 'console');
+}
+
+function show(name) {
+  visible = name;
+  for (const tab of document.querySelectorAll('nav button')) {
+    const selected = tab.dataset.pane === name;
+    tab.setAttribute('aria-selected', String(selected));
+    document.getElementById(tab.dataset.pane).hidden = !selected;
+  }
+  views[name].show();
+  showStatus(...(states[name] || ['connecting', 'connecting']));
+}
+
+function showStatus(state, text) {
+  status.dataset.state = state;
+  status.textContent = text;
+}
+
+function subresourceUrl(namespaced, sub) {
+  const [namespace, name] = namespaced.split('/', 2).map(encodeURIComponent);
+  const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const path = `${settings.api_prefix}/namespaces/${namespace}/${settings.resource}/${name}/${sub}`;
+  return `${scheme}//${location.host}${path}`;
+}
+
+function base64url(text) {
+  const bytes = new TextEncoder().encode(text);
+  const binary = Array.from(bytes, (b) => String.fromCharCode(b)).join('');
+  return btoa(binary).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}

@@ -1,0 +1,88 @@
+// The console tab: xterm.js over a Kubernetes channel WebSocket (v5, or v4).
+import { Terminal } from './vendor/xterm/xterm.mjs';
+import { FitAddon } from './vendor/addon-fit/addon-fit.mjs';
+
+const SUBPROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
+const STDIN = 0, STDOUT = 1, STDERR = 2, ERROR = 3, RESIZE = 4;
+
+export class ConsoleView {
+  constructor(element, { url, auth, onStatus }) {
+    this.element = element;
+    this.url = url;
+    this.protocols = [...SUBPROTOCOLS, ...auth];
+    this.onStatus = onStatus;
+    this.encoder = new TextEncoder();
+    this.ws = null;
+    this.terminal = new Terminal({
+      cursorBlink: true,
+      fontFamily: 'ui-monospace, "DejaVu Sans Mono", monospace',
+      fontSize: 14,
+      scrollback: 5000,
+    });
+    this.fit = new FitAddon();
+    this.terminal.loadAddon(this.fit);
+    this.terminal.open(element);
+    this.terminal.onData((data) => this.send(STDIN, this.encoder.encode(data)));
+    this.terminal.onBinary((data) => this.send(STDIN, Uint8Array.from(data, (c) => c.charCodeAt(0))));
+    this.terminal.onResize(() => this.sendSize());
+    new ResizeObserver(() => this.refit()).observe(element);
+    this.connect();
+  }
+
+  connect() {
+    this.onStatus('connecting', 'connecting');
+    this.failure = '';
+    const ws = new WebSocket(this.url, this.protocols);
+    ws.binaryType = 'arraybuffer';
+    ws.onopen = () => {
+      this.onStatus('connected', 'console connected');
+      this.sendSize();
+    };
+    ws.onmessage = (event) => this.receive(new Uint8Array(event.data));
+    ws.onclose = (event) => {
+      const reason = this.failure || event.reason || (event.code === 1000 ? 'closed' : 'connection lost');
+      this.onStatus('disconnected', `console: ${reason}`);
+      this.terminal.write(`\r\n\x1b[2m[${reason}; press Enter to reconnect]\x1b[0m\r\n`);
+    };
+    this.ws = ws;
+  }
+
+  show() {
+    this.refit();
+    this.terminal.focus();
+  }
+
+  refit() {
+    // A hidden pane has no size: fitting it would shrink the terminal to nothing.
+    if (this.element.offsetWidth > 0) this.fit.fit();
+  }
+
+  receive(message) {
+    const channel = message[0];
+    const data = message.subarray(1);
+    if (channel === STDOUT || channel === STDERR) {
+      this.terminal.write(data);
+    } else if (channel === ERROR && data.length) {
+      const status = JSON.parse(new TextDecoder().decode(data));
+      if (status.status !== 'Success') this.failure = status.message || 'the session failed';
+    }
+  }
+
+  send(channel, bytes) {
+    if (this.ws === null) return;
+    if (this.ws.readyState === WebSocket.CLOSED && channel === STDIN) {
+      if (bytes.includes(13)) this.connect();
+      return;
+    }
+    if (this.ws.readyState !== WebSocket.OPEN) return;
+    const message = new Uint8Array(bytes.length + 1);
+    message[0] = channel;
+    message.set(bytes, 1);
+    this.ws.send(message);
+  }
+
+  sendSize() {
+    const size = { Width: this.terminal.cols, Height: this.terminal.rows };
+    this.send(RESIZE, this.encoder.encode(JSON.stringify(size)));
+  }
+}
