@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from subres.cli import console, portforward, screenshot, vnc
+from subres.cli import console, portforward, screenshot, vnc, web
 
 __all__ = ["add_client_flags", "add_verbs"]
 
@@ -64,3 +64,12 @@ def add_verbs(verbs: Any) -> None:
     screenshot.add_arguments(parser)
     add_client_flags(parser, on_verb=True)
     parser.set_defaults(func=screenshot.main)
+    parser = verbs.add_parser(
+        "web",
+        help="open a machine's console and display in the browser (a page on localhost)",
+        description="Serve the console and VNC page on a local port; its connections use "
+        "your kubeconfig's credentials, which the browser never sees.",
+    )
+    web.add_arguments(parser)
+    add_client_flags(parser, on_verb=True)
+    parser.set_defaults(func=web.main)

@@ -1,0 +1,285 @@
+"""`subres web`: the browser page on a local port, its WebSockets forwarded with our credentials.
+
+Owns the verb's flags, the local HTTP server and the credential-adding relay.
+The page (from `subres.web`) talks only to its own origin; this process opens
+the matching WebSocket to the cluster with the kubeconfig's credentials, so
+the browser never sees a token. Only the page's own origin may drive the
+relay: every request must name this server by `localhost` or an IP literal
+(a DNS-rebound name would carry an attacker's origin), and every WebSocket
+must come from the same origin, so no other site can borrow the credentials.
+Only the console and vnc subresources of the configured group-version pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from aiohttp import WSMsgType, web
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.typing import Subprotocol
+
+from subres.cli import kubeconfig, portforward, terminal
+from subres.cli.kubeconfig import ClientConfig
+from subres.web import page
+
+__all__ = ["DEFAULT_PORT", "add_arguments", "build", "main", "same_origin"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8070
+SUBRESOURCES = ("console", "vnc")
+BEARER_PREFIX = "base64url.bearer.authorization.k8s.io."
+MAX_MESSAGE = 4 * 1024 * 1024
+OPEN_TIMEOUT = 30.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `web` flags (the client connection flags are added by the caller)."""
+    parser.add_argument(
+        "target", metavar="[machine/]NAME", nargs="?", help="the machine the page opens first"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"local port (default {DEFAULT_PORT}; 0 picks one)",
+    )
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--api-group-version", default=portforward.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+    )
+
+
+def main(ns: argparse.Namespace) -> int:
+    """Serve the page until interrupted."""
+    try:
+        target = portforward.parse_target(ns.target) if ns.target else None
+        config = kubeconfig.from_args(ns)
+    except (kubeconfig.KubeconfigError, portforward.ForwardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    settings = page.PageSettings(
+        api_prefix=f"/apis/{ns.api_group_version}",
+        resource=target.resource if target else "machines",
+        namespace=config.namespace,
+        machine=f"{config.namespace}/{target.name}" if target else "",
+        bearer=False,
+    )
+    if not page.assets_built():
+        print("error: the page's scripts are missing: reinstall subres", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_serve(build(config, settings), ns.address, ns.port, settings))
+    except OSError as exc:
+        print(f"error: cannot listen on {ns.address}:{ns.port}: {exc.strerror}", file=sys.stderr)
+        return 1
+
+
+def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
+    """The local application: the page, and the relay for its WebSockets."""
+    app = web.Application(middlewares=[_named_by_address])
+    page.add_routes(app, settings)
+    app.router.add_get("/", _to_page)
+    sub = f"{settings.api_prefix}/namespaces/{{namespace}}/{{resource}}/{{name}}/{{sub}}"
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        return await _relay(config, settings.api_prefix, request)
+
+    app.router.add_get(sub, relay)
+    return app
+
+
+async def _serve(app: web.Application, address: str, port: int, settings: page.PageSettings) -> int:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, address, port).start()
+    try:
+        bound = runner.addresses[0][1]
+        host = f"[{address}]" if ":" in address else address
+        query = f"?machine={settings.machine}" if settings.machine else ""
+        print(f"Serving the subres page at http://{host}:{bound}{page.PREFIX}/{query}", flush=True)
+        if not _loopback(address):
+            print(
+                "warning: whoever reaches this address acts with your credentials", file=sys.stderr
+            )
+        stop = asyncio.Event()
+        with terminal.on_signals((signal.SIGINT, signal.SIGTERM), stop.set):
+            await stop.wait()
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+async def _to_page(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound(request.rel_url.with_path(f"{page.PREFIX}/"))
+
+
+@web.middleware
+async def _named_by_address(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse requests for any other host name: they are DNS rebinding, not our page."""
+    if not _local_host(request):
+        raise web.HTTPForbidden(text="this server answers only to localhost or an IP address\n")
+    return await handler(request)
+
+
+def _local_host(request: web.Request) -> bool:
+    parts = urlsplit(f"//{request.host}")
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if sockname is None or (port or 80) != sockname[1]:
+        return False
+    if parts.hostname == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(parts.hostname or "")
+    except ValueError:
+        return False
+    return True
+
+
+def same_origin(request: web.Request) -> bool:
+    """True when the request's Origin is the page's own (`http://` and the Host it asked)."""
+    return request.headers.get("Origin") == f"http://{request.host}"
+
+
+async def _relay(config: ClientConfig, api_prefix: str, request: web.Request) -> web.StreamResponse:
+    """Open the cluster's WebSocket with our credentials, then accept the page's and pump."""
+    if not same_origin(request):
+        log.warning("refused a WebSocket from origin %s", request.headers.get("Origin"))
+        raise web.HTTPForbidden(text="cross-origin WebSocket refused\n")
+    sub = request.match_info["sub"]
+    if sub not in SUBRESOURCES:
+        raise web.HTTPNotFound()
+    try:
+        upstream = await _open(
+            config, _upstream_url(config, api_prefix, request), _offered(request)
+        )
+    except _UpstreamError as exc:
+        print(f"error: {request.match_info['name']} {sub}: {exc}", file=sys.stderr, flush=True)
+        return web.Response(status=exc.code, text=f"{exc}\n")
+    chosen = upstream.subprotocol
+    ws = web.WebSocketResponse(protocols=(chosen,) if chosen else (), max_msg_size=MAX_MESSAGE)
+    try:
+        await ws.prepare(request)
+        await _pump(ws, upstream)
+    finally:
+        await upstream.close()
+    return ws
+
+
+def _offered(request: web.Request) -> list[str]:
+    """The page's subprotocols; a bearer offer is dropped (the kubeconfig decides who we are)."""
+    return [
+        p.strip()
+        for header in request.headers.getall("Sec-WebSocket-Protocol", [])
+        for p in header.split(",")
+        if p.strip() and not p.strip().startswith(BEARER_PREFIX)
+    ]
+
+
+def _upstream_url(config: ClientConfig, api_prefix: str, request: web.Request) -> str:
+    """The same subresource on the cluster's server (query included)."""
+    parts = urlsplit(config.server)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    path = "/".join(
+        quote(request.match_info[key], safe="") for key in ("namespace", "resource", "name", "sub")
+    )
+    query = f"?{request.query_string}" if request.query_string else ""
+    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}{api_prefix}/namespaces/{path}{query}"
+
+
+class _UpstreamError(Exception):
+    """The cluster refused or could not be reached; `code` is what the page gets."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def _open(config: ClientConfig, url: str, offered: list[str]) -> ClientConnection:
+    tls: dict[str, Any] = {}
+    if url.startswith("wss:"):
+        tls["ssl"] = config.ssl
+        if config.server_hostname:
+            tls["server_hostname"] = config.server_hostname
+    try:
+        return await connect(
+            url,
+            subprotocols=[Subprotocol(p) for p in offered] or None,
+            additional_headers=dict(config.headers),
+            compression=None,
+            max_size=MAX_MESSAGE,
+            open_timeout=OPEN_TIMEOUT,
+            **tls,
+        )
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        raise _UpstreamError(_status_message(exc.response.body, status), status) from None
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        raise _UpstreamError(f"cannot connect to {config.server}: {exc}", 502) from None
+
+
+def _status_message(body: bytes | bytearray | None, code: int) -> str:
+    """The message of the `Status` in an error answer, else its text or code."""
+    try:
+        status = json.loads(body or b"")
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return (body or b"").decode("utf-8", "replace").strip() or f"the server answered {code}"
+
+
+async def _pump(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
+    """Copy both ways; the first side to end ends the other."""
+    tasks = {asyncio.create_task(_down(ws, upstream)), asyncio.create_task(_up(ws, upstream))}
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        code = upstream.close_code if upstream.close_code not in (None, 1005, 1006) else 1000
+        await ws.close(code=code, message=(upstream.close_reason or "").encode()[:120])
+
+
+async def _up(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        async for message in ws:
+            if message.type in (WSMsgType.BINARY, WSMsgType.TEXT):
+                await upstream.send(message.data)
+            else:
+                break
+
+
+async def _down(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
+    with contextlib.suppress(ConnectionClosed, ConnectionResetError):
+        async for message in upstream:
+            if isinstance(message, bytes):
+                await ws.send_bytes(message)
+            else:
+                await ws.send_str(message)
