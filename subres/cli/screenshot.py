@@ -72,11 +72,20 @@ async def _fetch(config: ClientConfig, url: str) -> bytes:
                 server_hostname=config.server_hostname,
             ) as response,
         ):
-            body = await response.content.read(MAX_BODY + 1)
+            body = await _body(response)
             if response.status != 200:
                 raise ForwardError(portforward.status_message(body, response.status))
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ForwardError(f"cannot get {url}: {exc or type(exc).__name__}") from None
-    if len(body) > MAX_BODY or not body.startswith(PNG_SIGNATURE):
+    if not body.startswith(PNG_SIGNATURE):
         raise ForwardError(f"the server's answer is not a PNG image ({len(body)} bytes)")
     return body
+
+
+async def _body(response: aiohttp.ClientResponse) -> bytes:
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ForwardError(f"the server's answer is over {MAX_BODY} bytes")
+    return bytes(body)
