@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -173,9 +173,10 @@ class _Process:
         try:
             await asyncio.to_thread(popen.wait, STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            popen.kill()
-            # SIGKILL cannot be ignored; the wait is for the kernel to reap it.
-            await asyncio.to_thread(popen.wait, 10)
+            _kill(popen)
+        except BaseException:
+            _kill(popen)  # cancelled: leave nothing running behind us
+            raise
 
     def tail(self) -> str:
         try:
@@ -186,6 +187,12 @@ class _Process:
             f"--- {self.name} log ({self.log}), last {_LOG_TAIL_CHARS} chars ---\n"
             + (text[-_LOG_TAIL_CHARS:])
         )
+
+
+def _kill(popen: subprocess.Popen[bytes]) -> None:
+    popen.kill()
+    # SIGKILL cannot be ignored; the bounded wait is only for the kernel to reap it.
+    popen.wait(10)
 
 
 @dataclass
@@ -214,7 +221,6 @@ class ControlPlane:
     _apiserver: _Process
     _admin_cert: Path
     _admin_key: Path
-    _kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
     # -- kubectl -----------------------------------------------------------
 
@@ -227,11 +233,9 @@ class ControlPlane:
     def token_kubeconfig(self, name: str, token: str) -> Path:
         """Kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's)."""
         path = self.workdir / "kubeconfigs" / f"{name}.kubeconfig"
-        if self._kubeconfigs.get(name) != path or not path.exists():
-            credentials.write_kubeconfig(
-                path, server=self.url, ca=self.server_ca.read_bytes(), user={"token": token}
-            )
-            self._kubeconfigs[name] = path
+        credentials.write_kubeconfig(
+            path, server=self.url, ca=self.server_ca.read_bytes(), user={"token": token}
+        )
         return path
 
     async def kubectl(
@@ -260,9 +264,11 @@ class ControlPlane:
                 proc.communicate(stdin.encode() if stdin is not None else None), timeout_s
             )
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
             raise ControlPlaneError(f"kubectl {' '.join(args)} ran over {timeout_s}s") from None
+        finally:
+            if proc.returncode is None:  # timed out or cancelled
+                proc.kill()
+                await proc.wait()
         assert proc.returncode is not None
         return KubectlResult(
             args=args, returncode=proc.returncode, stdout=out.decode(), stderr=err.decode()
@@ -370,11 +376,19 @@ class ControlPlane:
         if not await poll(ready, timeout_s=timeout_s):
             raise self.failure(f"kube-apiserver not ready within {timeout_s:.0f}s")
 
-    async def restart_apiserver(self) -> None:
-        """Stop kube-apiserver and start it again with the same flags and data; wait ready."""
+    async def stop_apiserver(self) -> None:
+        """Stop kube-apiserver only (SIGTERM, then SIGKILL); etcd and the data stay."""
         await self._apiserver.stop()
+
+    async def start_apiserver(self) -> None:
+        """Start kube-apiserver again with the same flags, port and data; wait until ready."""
         self._apiserver.start()
         await self.wait_ready()
+
+    async def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again with the same flags and data; wait ready."""
+        await self.stop_apiserver()
+        await self.start_apiserver()
 
     async def stop(self) -> None:
         """Stop both processes by PID (apiserver first) and remove the work directory."""
