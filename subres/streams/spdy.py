@@ -121,7 +121,9 @@ class SpdyStream:
         self.session = session
         self.stream_id = stream_id
         self.headers = headers
-        self._buffer = bytearray()
+        # Received payloads as they came, joined only when read: one copy at most.
+        self._chunks: list[bytes] = []
+        self._size = 0
         self._readable = asyncio.Event()
         self._remote_ended = False
         self._eof_read = False
@@ -154,9 +156,11 @@ class SpdyStream:
     async def read(self) -> bytes:
         """The bytes received since the last read; see the class docstring for b""."""
         while True:
-            if self._buffer:
-                data = bytes(self._buffer)
-                self._buffer.clear()
+            if self._chunks:
+                chunks = self._chunks
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                self._chunks = []
+                self._size = 0
                 self.session._drained(self)
                 return data
             if self.gone or (self._remote_ended and not self._eof_read):
@@ -189,7 +193,8 @@ class SpdyStream:
     # -- the session's side --------------------------------------------------
 
     def _received(self, data: bytes) -> None:
-        self._buffer += data
+        self._chunks.append(data)
+        self._size += len(data)
         self._wake()
 
     def _ended_by_peer(self) -> None:
@@ -199,7 +204,8 @@ class SpdyStream:
     def _end(self) -> None:
         """Gone: no more input is kept and readers wake."""
         self._dead = True
-        self._buffer.clear()
+        self._chunks = []
+        self._size = 0
         self.session._forget(self)
         self._wake()
 
@@ -208,7 +214,7 @@ class SpdyStream:
 
     @property
     def _buffered(self) -> int:
-        return len(self._buffer)
+        return self._size
 
 
 class SpdySession:

@@ -46,7 +46,9 @@ class UpgradedSocket:
         if transport is None:
             raise ConnectionResetError("the client went away before the upgrade")
         self._transport = transport
-        self._buffer = bytearray()
+        # Chunks as the transport delivered them, joined only when read.
+        self._chunks: list[bytes] = []
+        self._size = 0
         self._eof = False
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
@@ -54,8 +56,9 @@ class UpgradedSocket:
     # aiohttp's protocol calls these two as a payload parser's.
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
         """Bytes from the client; reading pauses while too many wait."""
-        self._buffer += data
-        if len(self._buffer) >= READ_HIGH_WATER and not self._paused:
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size >= READ_HIGH_WATER and not self._paused:
             self._paused = True
             self._transport.pause_reading()
         self._wake()
@@ -72,14 +75,21 @@ class UpgradedSocket:
 
     async def read(self) -> bytes:
         """What arrived since the last read; b"" once the client is gone."""
-        while not self._buffer and not self._eof:
+        while not self._chunks and not self._eof:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        data = bytes(self._buffer)
-        self._buffer.clear()
+        chunks = self._chunks
+        if not chunks:
+            data = b""
+        elif len(chunks) == 1:
+            data = bytes(chunks[0])
+        else:
+            data = b"".join(chunks)
+        self._chunks = []
+        self._size = 0
         if self._paused and not self._transport.is_closing():
             self._paused = False
             self._transport.resume_reading()

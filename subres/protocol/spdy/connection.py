@@ -18,6 +18,7 @@ command, so a server never speaks before the client's first frame.
 
 from __future__ import annotations
 
+from collections import deque
 from enum import Enum
 
 from subres.protocol.spdy import events as ev
@@ -77,7 +78,10 @@ class SpdyConnection:
         )
         self._parser = FrameParser(decoder, self.limits)
         self._encoder = HeaderEncoder()
-        self._out = bytearray()
+        # Output as a queue of pieces (frame headers, payloads) joined only when
+        # taken: a payload is copied once, not on every queue operation.
+        self._out: deque[bytes | memoryview] = deque()
+        self._out_size = 0
         self._parity = 1 if role is Role.CLIENT else 0
         self._streams = StreamTable(
             local_parity=self._parity, max_remembered_resets=self.limits.max_remembered_resets
@@ -93,7 +97,7 @@ class SpdyConnection:
     @property
     def bytes_to_send(self) -> int:
         """Bytes queued for `data_to_send`; stop reading while this is high."""
-        return len(self._out)
+        return self._out_size
 
     @property
     def terminated(self) -> bool:
@@ -121,10 +125,25 @@ class SpdyConnection:
 
     def data_to_send(self, max_bytes: int | None = None) -> bytes:
         """Take up to `max_bytes` (all by default) of the queued output."""
-        count = len(self._out) if max_bytes is None else min(max_bytes, len(self._out))
-        chunk = bytes(self._out[:count])
-        del self._out[:count]
-        return chunk
+        limit = self._out_size if max_bytes is None else min(max_bytes, self._out_size)
+        if limit <= 0:
+            return b""
+        out = self._out
+        parts: list[bytes | memoryview] = []
+        taken = 0
+        while taken < limit:
+            piece = out.popleft()
+            room = limit - taken
+            if len(piece) > room:
+                # A view of the rest: splitting a long piece never copies what stays queued.
+                out.appendleft(memoryview(piece)[room:])
+                piece = memoryview(piece)[:room]
+            parts.append(piece)
+            taken += len(piece)
+        self._out_size -= taken
+        if len(parts) == 1 and type(parts[0]) is bytes:
+            return parts[0]
+        return b"".join(parts)
 
     # -- commands ------------------------------------------------------------
 
@@ -163,13 +182,19 @@ class SpdyConnection:
             raise UsageError(f"reply to stream {stream_id} before sending data on it")
         if not data and not fin:
             return
+        if type(data) is not bytes:
+            data = bytes(data)  # the caller may reuse a mutable buffer: keep our own
         size = self.limits.max_send_frame_size
-        last = max(len(data) - 1, 0) // size * size
-        with memoryview(data) as view:
+        if len(data) <= size:
+            self._emit(data_frame_header(stream_id, len(data), fin=fin))
+            self._emit(data)
+        else:
+            last = (len(data) - 1) // size * size
+            view = memoryview(data)
             for start in range(0, last + 1, size):
                 chunk = view[start : start + size]
-                self._out += data_frame_header(stream_id, len(chunk), fin=fin and start == last)
-                self._out += chunk
+                self._emit(data_frame_header(stream_id, len(chunk), fin=fin and start == last))
+                self._emit(chunk)
         if fin:
             self._sent_fin(stream)
 
@@ -406,4 +431,9 @@ class SpdyConnection:
         return stream
 
     def _queue(self, frame: Frame) -> None:
-        self._out += serialize(frame, self._encoder)
+        self._emit(serialize(frame, self._encoder))
+
+    def _emit(self, piece: bytes | memoryview) -> None:
+        if piece:
+            self._out.append(piece)
+            self._out_size += len(piece)

@@ -54,7 +54,9 @@ class FrameParser:
     def __init__(self, decoder: HeaderDecoder, limits: Limits) -> None:
         self._decoder = decoder
         self._limits = limits
-        self._buf = bytearray()
+        # The unparsed input: the caller's chunk itself while nothing is left
+        # over from the previous one (no copy), a bytearray of leftovers otherwise.
+        self._buf: bytes | bytearray = b""
         self._pos = 0
         self._skip = 0
         self._piece: _Piece | None = None
@@ -69,9 +71,14 @@ class FrameParser:
         """Append received bytes."""
         if self._failure is not None:
             return
-        del self._buf[: self._pos]
+        if self._pos >= len(self._buf):
+            self._buf = data if type(data) is bytes else bytes(data)
+        elif isinstance(self._buf, bytearray):
+            del self._buf[: self._pos]
+            self._buf += data
+        else:
+            self._buf = bytearray(memoryview(self._buf)[self._pos :]) + data
         self._pos = 0
-        self._buf += data
 
     def next_frame(self) -> Frame | None:
         """Return the next complete frame, or None until more bytes arrive."""
@@ -102,10 +109,12 @@ class FrameParser:
         return self._failure
 
     def _take(self, count: int) -> bytes:
-        with memoryview(self._buf) as view:
-            chunk = bytes(view[self._pos : self._pos + count])
-        self._pos += count
-        return chunk
+        buf, pos = self._buf, self._pos
+        self._pos = pos + count
+        if pos == 0 and count == len(buf) and type(buf) is bytes:
+            return buf
+        with memoryview(buf) as view:
+            return bytes(view[pos : pos + count])
 
     def _discard_skipped(self) -> None:
         count = min(self._skip, self.buffered)
