@@ -40,7 +40,7 @@ from subres.protocol.spdy import (
     StreamReset,
 )
 from subres.streams import upgrade
-from subres.streams.websocket import CloseCode
+from subres.streams.websocket import CloseCode, binary_queued
 
 __all__ = [
     "SEND_HIGH_WATER",
@@ -88,16 +88,28 @@ class WebSocketCarrier:
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
+        self._ended = False
 
     async def read(self) -> bytes:
-        """The payload of the next non-empty binary message; b"" on close or anything else."""
-        while not self.ws.closed:
+        """The payloads of the binary messages that arrived, up to about `WRITE_CHUNK` bytes.
+
+        Waits for one non-empty message, then takes those already received
+        (client-go sends a frame's header and payload as separate small
+        messages). b"" on close or anything else.
+        """
+        parts: list[bytes] = []
+        size = 0
+        while not self._ended and not self.ws.closed:
+            if parts and (size >= WRITE_CHUNK or not binary_queued(self.ws)):
+                break
             msg = await self.ws.receive()
             if msg.type is not WSMsgType.BINARY:
+                self._ended = True
                 break
             if msg.data:
-                return bytes(msg.data)
-        return b""
+                parts.append(bytes(msg.data))
+                size += len(msg.data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def write(self, data: bytes) -> None:
         """One binary message."""
@@ -369,7 +381,9 @@ class SpdySession:
                 self._heard()
                 for event in self._conn.receive_data(data):
                     self._dispatch(event)
-                self._output.set()
+                if self._conn.bytes_to_send:
+                    # Replies to the peer (pings, resets) wait: wake the writer only for them.
+                    self._output.set()
         except (OSError, RuntimeError) as exc:
             log.debug("SPDY carrier read failed: %s", exc)
             self._lost()

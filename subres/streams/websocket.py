@@ -18,12 +18,28 @@ from subres.kube.status import success
 from subres.protocol import channels
 from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing, TerminalSize
 
-__all__ = ["CloseCode", "WebSocketClient"]
+__all__ = ["CloseCode", "WebSocketClient", "binary_queued"]
 
 log = logging.getLogger(__name__)
 
 MAX_REASON = 123
 """A close frame's reason is at most 123 bytes (RFC 6455 5.5)."""
+
+
+def binary_queued(ws: web.WebSocketResponse) -> bool:
+    """Whether aiohttp already parsed the next message and it is binary data.
+
+    Then `receive()` returns it without waiting, so a reader may take it now
+    and hand several small messages on as one chunk (one write, one parse
+    instead of one per message). aiohttp has no public way to ask: this looks
+    at its message queue and answers False whenever that is not as expected,
+    which only gives up the batching.
+    """
+    queue = getattr(getattr(ws, "_reader", None), "_buffer", None)
+    try:
+        return bool(queue) and queue[0][0].type is WSMsgType.BINARY  # type: ignore[index]
+    except (TypeError, IndexError, AttributeError):
+        return False
 
 
 class CloseCode:
