@@ -27,7 +27,7 @@ from subres.config import EndpointPolicySpec
 from subres.demo.vnc import Display, VncServer
 from subres.protocol import rfb
 from tests.server.test_vnc import vnc_machine
-from tests.support import Backend, Standalone, start_standalone
+from tests.support import Backend, Standalone, open_fds, start_standalone, wait_for
 
 DEADLINE = 1.0
 
@@ -260,3 +260,14 @@ async def test_screenshot_of_tigervnc_matches_xwd(tmp_path: Path) -> None:
     assert {rgb[i : i + 3] for i in range(0, len(rgb), 3)} == {b"\xff\x80\x00", b"\x00\x40\xc0"}
     assert rgb == expected
     assert rgb == rfb.to_rgb(direct.pixels)
+
+
+async def test_screenshots_leave_nothing_behind(
+    subres: Standalone, backends: dict[str, Backend]
+) -> None:
+    tasks, fds = len(asyncio.all_tasks()), open_fds()
+    for name in ("demo", "password", "silent", "dead", "demo"):
+        await get(subres, name)
+    for backend in backends.values():
+        await backend.wait_open(0)
+    await wait_for(lambda: len(asyncio.all_tasks()) <= tasks and open_fds() <= fds)
