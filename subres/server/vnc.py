@@ -26,7 +26,8 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    preserve = request.query.get("preserveSession", "").lower() == "true"
+    # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
+    preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
     key = SessionKey(target.spec.name, target.namespace, target.name)
     if preserve and state.sessions.active(key):
         raise _busy(target)
