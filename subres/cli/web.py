@@ -95,11 +95,18 @@ def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
     page.add_routes(app, settings)
     app.router.add_get("/", _to_page)
     sub = f"{settings.api_prefix}/namespaces/{{namespace}}/{{resource}}/{{name}}/{{sub}}"
+    live: set[web.WebSocketResponse] = set()
 
     async def relay(request: web.Request) -> web.StreamResponse:
-        return await _relay(config, settings.api_prefix, request)
+        return await _relay(config, settings.api_prefix, request, live)
+
+    async def close_live(_: web.Application) -> None:
+        # Open sessions would otherwise hold the shutdown until the browser lets go.
+        for ws in list(live):
+            await ws.close(code=1001, message=b"subres web is stopping")
 
     app.router.add_get(sub, relay)
+    app.on_shutdown.append(close_live)
     return app
 
 
@@ -166,7 +173,9 @@ def same_origin(request: web.Request) -> bool:
     return request.headers.get("Origin") == f"http://{request.host}"
 
 
-async def _relay(config: ClientConfig, api_prefix: str, request: web.Request) -> web.StreamResponse:
+async def _relay(
+    config: ClientConfig, api_prefix: str, request: web.Request, live: set[web.WebSocketResponse]
+) -> web.StreamResponse:
     """Open the cluster's WebSocket with our credentials, then accept the page's and pump."""
     if not same_origin(request):
         log.warning("refused a WebSocket from origin %s", request.headers.get("Origin"))
@@ -183,10 +192,12 @@ async def _relay(config: ClientConfig, api_prefix: str, request: web.Request) ->
         return web.Response(status=exc.code, text=f"{exc}\n")
     chosen = upstream.subprotocol
     ws = web.WebSocketResponse(protocols=(chosen,) if chosen else (), max_msg_size=MAX_MESSAGE)
+    live.add(ws)
     try:
         await ws.prepare(request)
         await _pump(ws, upstream)
     finally:
+        live.discard(ws)
         await upstream.close()
     return ws
 
