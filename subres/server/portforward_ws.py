@@ -135,7 +135,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
         raise StatusError(503, f"{target.describe()}: port {port}/{protocol}: {exc}") from None
     try:
         await ws.prepare(request)
-        client = RawWebSocket(ws)
+        client = RawWebSocket(ws, batch=protocol == "tcp")
         ending = await _tracked(state, target, client, pump(client, backend))
         if ending is Ending.CLIENT:
             await client.close()

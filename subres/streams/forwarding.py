@@ -23,7 +23,7 @@ from aiohttp import WSMsgType, web
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
 from subres.protocol.channels import Dialect
-from subres.streams.websocket import MAX_REASON, CloseCode
+from subres.streams.websocket import MAX_REASON, CloseCode, take_queued
 
 __all__ = ["HALF_CLOSE_LINGER", "PORT_LINGER", "ChannelMux", "PortChannel", "RawWebSocket"]
 
@@ -49,9 +49,13 @@ async def _close(ws: web.WebSocketResponse, code: int, reason: str) -> None:
 class RawWebSocket:
     """A `ClientStream` over a prepared raw binary `WebSocketResponse` made with autoclose off."""
 
-    def __init__(self, ws: web.WebSocketResponse, *, linger: float = HALF_CLOSE_LINGER) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, *, linger: float = HALF_CLOSE_LINGER, batch: bool = False
+    ) -> None:
         self.ws = ws
         self._linger = linger
+        self._batch = batch
+        """A byte stream (TCP): join messages already received into one read."""
         self._half_closed = False
         self._gone = False
         self._ended = asyncio.Event()
@@ -72,7 +76,11 @@ class RawWebSocket:
         while not self.gone:
             msg = await self.ws.receive()
             if msg.type is WSMsgType.BINARY and msg.data:
-                return bytes(msg.data)
+                if not self._batch:
+                    return bytes(msg.data)
+                data, ended = await take_queued(self.ws, bytes(msg.data))
+                self._gone = self._gone or ended
+                return data
             if msg.type is WSMsgType.TEXT and msg.data:
                 return str(msg.data).encode()
             if msg.type is WSMsgType.CLOSE:

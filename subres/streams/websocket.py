@@ -18,12 +18,14 @@ from subres.kube.status import success
 from subres.protocol import channels
 from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing, TerminalSize
 
-__all__ = ["CloseCode", "WebSocketClient", "binary_queued"]
+__all__ = ["BATCH", "CloseCode", "WebSocketClient", "binary_queued", "take_queued"]
 
 log = logging.getLogger(__name__)
 
 MAX_REASON = 123
 """A close frame's reason is at most 123 bytes (RFC 6455 5.5)."""
+BATCH = 256 * 1024
+"""Most bytes of already-received raw messages joined into one read."""
 
 
 def binary_queued(ws: web.WebSocketResponse) -> bool:
@@ -40,6 +42,29 @@ def binary_queued(ws: web.WebSocketResponse) -> bool:
         return bool(queue) and queue[0][0].type is WSMsgType.BINARY  # type: ignore[index]
     except (TypeError, IndexError, AttributeError):
         return False
+
+
+async def take_queued(
+    ws: web.WebSocketResponse, first: bytes, limit: int = BATCH
+) -> tuple[bytes, bool]:
+    """`first` joined with the binary messages already received, up to about `limit` bytes.
+
+    For byte streams whose message boundaries mean nothing: several messages
+    make one backend write. The second value is True when the WebSocket
+    turned out closing or closed (aiohttp answers a queued read with that
+    once it is): the caller treats the client as gone, as its read would.
+    """
+    parts = [first]
+    size = len(first)
+    ended = False
+    while size < limit and binary_queued(ws):
+        msg = await ws.receive()  # queued: returns without waiting
+        if msg.type is not WSMsgType.BINARY:
+            ended = True
+            break
+        parts.append(bytes(msg.data))
+        size += len(msg.data)
+    return (first if len(parts) == 1 else b"".join(parts)), ended
 
 
 class CloseCode:
@@ -95,10 +120,19 @@ class WebSocketClient:
                 if event.channel == channels.STDIN:
                     return b""
             elif event.channel == channels.STDIN and event.data:
+                if self.dialect.framing is Framing.RAW:
+                    return await self._more(bytes(event.data))
                 return event.data
             elif event.channel == channels.RESIZE:
                 self._resize(event.data)
         return b""
+
+    async def _more(self, data: bytes) -> bytes:
+        """`data` and the raw messages already received after it: one backend write."""
+        data, ended = await take_queued(self.ws, data)
+        if ended:
+            self._gone = True
+        return data
 
     def _resize(self, data: bytes) -> None:
         try:
