@@ -89,6 +89,8 @@ class Settings:
     """Seconds one transfer may take."""
     budget: float
     """Seconds the whole run may take; paths not reached are reported as skipped."""
+    profile: Path | None = None
+    """Directory for cProfile dumps of subres (served by the bench launcher), if any."""
 
     @property
     def total(self) -> int:
@@ -104,6 +106,11 @@ def parse(argv: Sequence[str]) -> Settings:
     keys = [spec.key for spec in PATHS]
     p.add_argument("--paths", default=",".join(keys), help=f"which of {','.join(keys)}")
     p.add_argument("--tls", choices=("both", "on", "off"), default="both")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="serve subres under cProfile (bench launcher), one dump per TLS mode in this dir",
+    )
     ns = p.parse_args(argv)
     paths = tuple(k for k in ns.paths.split(",") if k)
     unknown = set(paths) - set(keys)
@@ -116,6 +123,7 @@ def parse(argv: Sequence[str]) -> Settings:
         tls=tls,
         timeout=20.0 if ns.quick else 60.0,
         budget=85.0 if ns.quick else 480.0,
+        profile=ns.profile,
     )
 
 
@@ -530,8 +538,9 @@ class Server:
 class Servers:
     """At most one subres per TLS mode, started on first use and stopped at the end."""
 
-    def __init__(self, files: Files) -> None:
+    def __init__(self, files: Files, profile: Path | None = None) -> None:
         self.files = files
+        self.profile = profile
         self.running: dict[bool, Server] = {}
 
     async def get(self, tls: bool) -> Server:
@@ -549,8 +558,21 @@ class Servers:
             *("--secure-port", "0", "--cert-dir", str(root / "certs")),
             *("--bind-address", "127.0.0.1"),
         ]
-        log = root / f"subres-{'tls' if tls else 'plain'}.log"
-        if tls:
+        mode = "tls" if tls else "plain"
+        log = root / f"subres-{mode}.log"
+        if self.profile is not None:
+            self.profile.mkdir(parents=True, exist_ok=True)
+            flags += ["--cprofile", str(self.profile.resolve() / f"subres-{mode}.prof")]
+            if not tls:
+                flags.append("--plain")
+            child = await spawn(
+                f"subres ({mode}, cProfile)",
+                "tests.bench.serve_variant",
+                *flags,
+                log=log,
+                stops_on_eof=False,
+            )
+        elif tls:
             child = await spawn("subres", "subres", "serve", *flags, log=log, stops_on_eof=False)
         else:
             child = await spawn(
@@ -643,7 +665,7 @@ async def run(settings: Settings, argv: Sequence[str], emit: Callable[[str], Non
             files = write_files(Path(tmp), sink, source)
             bench = Bench(settings, loadgen, files, backend)
             bench.sink, bench.source = sink, source
-            servers = Servers(files)
+            servers = Servers(files, settings.profile)
             for spec in PATHS:
                 for tls in settings.tls:
                     if spec.key not in settings.paths or tls not in spec.tls_modes:

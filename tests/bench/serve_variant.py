@@ -14,7 +14,9 @@
   fills it and `buffer_updated` copies it out in the same callback), to see
   what per-session TLS memory remains without that buffer;
 - with `--tracemalloc PATH`, tracing Python allocations and writing a
-  snapshot to `PATH.<n>` on each SIGUSR1, so the driver can diff them.
+  snapshot to `PATH.<n>` on each SIGUSR1, so the driver can diff them;
+- with `--cprofile PATH`, under cProfile, its stats dumped to `PATH` when
+  the server stops (`python -m pstats PATH` reads them).
 
 These switches exist only here: the server itself has no debug hooks.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import asyncio.sslproto
+import cProfile
 import logging
 import signal
 import sys
@@ -56,6 +59,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--shared-ssl-buffer", action="store_true", help="one TLS read buffer per process"
     )
     p.add_argument("--tracemalloc", type=Path, help="snapshot path prefix, written on SIGUSR1")
+    p.add_argument("--cprofile", type=Path, help="profile with cProfile, stats to this path")
     return p.parse_args(argv)
 
 
@@ -139,7 +143,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         share_ssl_buffer()
     if ns.tracemalloc is not None:
         tracemalloc.start(TRACE_FRAMES)
-    asyncio.run(serve(ns))
+    if ns.cprofile is None:
+        asyncio.run(serve(ns))
+        return
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(asyncio.run, serve(ns))
+    finally:
+        profiler.dump_stats(ns.cprofile)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""The throughput benchmark still runs end to end (a few MiB; timings are not checked)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.bench.bench_throughput import PATHS
+from tests.bench.procs import ROOT
+
+
+def test_bench_throughput_prints_every_row() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench.bench_throughput", "--quick", "--mib", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "python -m tests.bench.bench_throughput --quick --mib 2" in out
+    assert "### Throughput (2 MiB each way" in out
+    rows = [
+        r for r in out.splitlines() if r.startswith("| ") and "MB/s" not in r and "---" not in r
+    ]
+    for spec in PATHS:
+        for tls in ("no", "yes"):
+            assert any(r.startswith(f"| {spec.label}") and f"| {tls} |" in r for r in rows), (
+                spec.label,
+                tls,
+                out,
+            )
+    assert len(rows) == 2 * len(PATHS)
