@@ -139,7 +139,7 @@ def _loopback(address: str) -> bool:
 
 
 async def _to_page(request: web.Request) -> web.StreamResponse:
-    raise web.HTTPFound(request.rel_url.with_path(f"{page.PREFIX}/"))
+    raise web.HTTPFound(request.rel_url.with_path(f"{page.PREFIX}/").with_query(request.query))
 
 
 @web.middleware

@@ -63,7 +63,7 @@ def add_routes(app: web.Application, settings: PageSettings) -> None:
     config = json.dumps(asdict(settings)).encode()
 
     async def redirect(request: web.Request) -> web.StreamResponse:
-        raise web.HTTPFound(request.rel_url.with_path(f"{PREFIX}/"))
+        raise web.HTTPFound(request.rel_url.with_path(f"{PREFIX}/").with_query(request.query))
 
     async def index(request: web.Request) -> web.StreamResponse:
         return _file(STATIC / "index.html")
