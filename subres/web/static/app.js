@@ -23,6 +23,9 @@ if (machine) {
     start(token);
   }
 } else {
+  document.querySelector('nav').hidden = true;
+  document.querySelector('main').hidden = true;
+  document.getElementById('picker').elements.machine.focus();
   showStatus('idle', 'pick a machine');
 }
 
