@@ -26,14 +26,13 @@ __all__ = ["Demo", "browser", "browser_ready", "demo", "start_subres", "subres_w
 
 
 def _missing(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason}; scripts/test installs it")
-    pytest.skip(reason)
+    # Never a skip: a browser test that cannot run is a failure the reader must see.
+    pytest.fail(f"{reason}; scripts/test installs it")
 
 
 @pytest.fixture
 def browser_ready() -> None:
-    """Skip (or in CI, fail) when Chromium or the page's scripts are missing."""
+    """Fail when Chromium or the page's scripts are missing."""
     if not Path(cdp.CHROMIUM).is_file():
         _missing("chromium is not installed")
     if not web_page.assets_built():

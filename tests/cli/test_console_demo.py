@@ -7,8 +7,8 @@ import hashlib
 import os
 import re
 import shlex
-import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,16 +145,17 @@ def test_second_session_takes_over_the_first(demo: Demo, workdir: Path) -> None:
     assert child.exitstatus == 1
 
 
-@pytest.mark.skipif(
-    shutil.which("kubectl") is None or shutil.which("kubectl-subres") is None,
-    reason="kubectl and the kubectl-subres entry point are needed",
-)
-def test_works_as_a_kubectl_plugin(demo: Demo, workdir: Path) -> None:
+def test_works_as_a_kubectl_plugin(demo: Demo, workdir: Path, kubectl_bin: Path) -> None:
+    # kubectl finds plugins on PATH: the installed entry point sits beside our Python.
+    plugin = Path(sys.executable).parent / "kubectl-subres"
+    assert plugin.is_file(), "pip install . puts kubectl-subres next to python"
+    env = cli_env(workdir)
+    env["PATH"] = f"{plugin.parent}{os.pathsep}{env.get('PATH', '')}"
     done = subprocess.run(
-        ["kubectl", "subres", "console", "demo"],
+        [str(kubectl_bin), "subres", "console", "demo"],
         input=b"echo plugin-$((3*3))\nexit\n",
         capture_output=True,
-        env={**cli_env(workdir), "KUBECONFIG": str(demo.kubeconfig)},
+        env={**env, "KUBECONFIG": str(demo.kubeconfig)},
         timeout=CLI_TIMEOUT,
         check=False,
     )

@@ -242,8 +242,8 @@ def xwd_rgb(display: str) -> tuple[tuple[int, int], bytes]:
     return (width, height), bytes(rgb)
 
 
-@pytest.mark.skipif(not xvnc_available(), reason="tigervnc-standalone-server, x11-* not installed")
 async def test_screenshot_of_tigervnc_matches_xwd(tmp_path: Path) -> None:
+    assert xvnc_available(), "scripts/test installs tigervnc-standalone-server and x11 tools"
     with xvnc(tmp_path) as (x_display, socket_path):
         xsetroot = await asyncio.create_subprocess_exec(
             *("xsetroot", "-display", x_display, "-mod", "5", "3"),
