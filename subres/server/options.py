@@ -173,8 +173,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--service-namespace", default="subres-system", help="Service namespace for the SANs")
     add(
         "--authorization-always-allow-paths",
-        default="/healthz,/readyz,/livez",
-        help="comma-separated paths anyone may GET (a trailing * matches a prefix)",
+        default="/healthz,/readyz,/livez,/ui,/ui/*",
+        help="comma-separated paths anyone may GET (a trailing * matches a prefix); "
+        "the browser page under /ui holds no secrets",
     )
     _add_cluster_arguments(parser)
     add(

@@ -13,19 +13,11 @@ from aiohttp import hdrs, web
 from subres.kube.status import StatusError
 from subres.server import portforward_spdy, portforward_ws
 from subres.server.state import State
+from subres.server.streaming import offered_subprotocols
 
 __all__ = ["TUNNEL_PROTOCOL", "handle", "handle_port"]
 
 TUNNEL_PROTOCOL = "SPDY/3.1+portforward.k8s.io"
-
-
-def _offered(request: web.Request) -> list[str]:
-    return [
-        p.strip()
-        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
-        for p in header.split(",")
-        if p.strip()
-    ]
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
@@ -33,7 +25,7 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     upgrade = request.headers.get(hdrs.UPGRADE, "").lower()
     if upgrade == "spdy/3.1":
         return await portforward_spdy.handle_spdy(state, request)
-    if upgrade == "websocket" and TUNNEL_PROTOCOL in _offered(request):
+    if upgrade == "websocket" and TUNNEL_PROTOCOL in offered_subprotocols(request):
         return await portforward_spdy.handle_tunnel(state, request)
     if upgrade == "websocket":
         return await portforward_ws.handle_channels(state, request)

@@ -30,6 +30,7 @@ from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
 from subres.server import subresource
 from subres.server.state import State
+from subres.server.streaming import offered_subprotocols
 from subres.server.subresource import Target
 from subres.streams.forwarding import ChannelMux, PortChannel, RawWebSocket
 from subres.streams.pump import Ending, pump
@@ -45,15 +46,6 @@ RAW_SUBPROTOCOLS = ("", "plain.kubevirt.io")
 PROTOCOLS = ("tcp", "udp")
 
 
-def _offered(request: web.Request) -> list[str]:
-    return [
-        p.strip()
-        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
-        for p in header.split(",")
-        if p.strip()
-    ]
-
-
 async def handle_channels(state: State, request: web.Request) -> web.StreamResponse:
     """Kubernetes style: every port of `?ports=` on one channel WebSocket."""
     target = subresource.resolve(state, request, SUBRESOURCE)
@@ -63,7 +55,7 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
         raise StatusError(400, str(exc)) from None
     for port in ports:
         subresource.forward_url(target, port)
-    dialect = wire.negotiate(_offered(request))
+    dialect = wire.negotiate(offered_subprotocols(request))
     if dialect is None:
         supported = ", ".join(name for name in wire.DIALECTS if name)
         raise StatusError(400, f"unsupported subprotocols for portforward; supported: {supported}")
@@ -122,7 +114,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
     if protocol not in PROTOCOLS:
         raise StatusError(400, f"unsupported protocol {protocol!r}: use tcp or udp")
     subresource.forward_url(target, port, protocol)
-    dialect = channels.negotiate(_offered(request), RAW_SUBPROTOCOLS)
+    dialect = channels.negotiate(offered_subprotocols(request), RAW_SUBPROTOCOLS)
     if dialect is None:
         raise StatusError(
             400, "unsupported subprotocols for portforward; supported: plain.kubevirt.io"
