@@ -23,13 +23,6 @@ RAW_DIALECTS: list[str | None] = ["plain.kubevirt.io", None]
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Backend]:
-    b = await Backend().start_tcp()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
 async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
     async with start_standalone(
         tmp_path,

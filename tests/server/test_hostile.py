@@ -18,13 +18,6 @@ from tests.support import Backend, Standalone, machine, open_fds, start_standalo
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Backend]:
-    b = await Backend().start_tcp()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
 async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
     async with start_standalone(
         tmp_path, machine("vm1", console=backend.url), session={"maxMessage": 1 << 16}

@@ -15,13 +15,6 @@ from tests.support import Backend, Standalone, start_standalone
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Backend]:
-    b = await Backend().start_tcp()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
 async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
     async with start_standalone(
         tmp_path,

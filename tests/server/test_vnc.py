@@ -29,13 +29,6 @@ def vnc_machine(name: str, endpoint: str | None, *, phase: str = "Running") -> d
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Backend]:
-    b = await Backend().start_tcp()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
 async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
     async with start_standalone(
         tmp_path,

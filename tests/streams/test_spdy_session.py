@@ -28,13 +28,6 @@ PF = "portforward.k8s.io"
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Backend]:
-    b = await Backend().start_tcp()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
 def echo_port(backend: Backend) -> int:
     return int(backend.url.rsplit(":", 1)[1])
 
