@@ -8,6 +8,12 @@ connection (`…/portforward/{port}/{tcp|udp}`): every connection is its own
 HTTP upgrade, so nothing is multiplexed and any proxy that passes WebSockets
 passes it. A local EOF becomes a close frame while replies keep coming, and
 for UDP each datagram is one message.
+
+`--transport spdy` and `--transport tunnel` speak what kubectl speaks: every
+connection is a pair of streams (`error`, `data`) multiplexed on ONE SPDY/3.1
+connection, upgraded from HTTP/1.1 or tunnelled in a WebSocket
+(`SPDY/3.1+portforward.k8s.io`), dialled again when it drops. Text on a
+pair's error stream is printed and ends that local connection. TCP only.
 """
 
 from __future__ import annotations
@@ -15,20 +21,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import quote, urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.typing import Subprotocol
 
-from subres.cli import kubeconfig, terminal
+from subres.cli import kubeconfig, spdy, terminal
 from subres.cli.kubeconfig import ClientConfig
+from subres.protocol import portforward as pairs
+from subres.protocol.spdy import SpdyError
 
 __all__ = [
     "DEFAULT_GROUP_VERSION",
@@ -36,6 +45,9 @@ __all__ = [
     "ForwardError",
     "Link",
     "PortSpec",
+    "SpdyLink",
+    "SpdyTransport",
+    "TunnelTransport",
     "WebSocketLink",
     "WebSocketTransport",
     "add_arguments",
@@ -57,6 +69,17 @@ HALF_CLOSE_TIMEOUT = 60.0
 """After our close frame, seconds the remote side may keep replying."""
 UDP_QUEUE = 256
 """Datagrams held per UDP flow while its WebSocket opens or is slow; more are dropped."""
+COMPLAINT_WAIT = 5.0
+"""After a data stream ends, seconds its error stream may take to end (with any message)."""
+MAX_COMPLAINT = 64 * 1024
+TRANSPORT_HELP = (
+    "how connections reach the server. websocket (the default): one KubeVirt-style "
+    "WebSocket per connection; it passes through kube-apiserver and any proxy with no "
+    "multiplexing state to keep, one failing connection leaves the others alone, and "
+    "it carries udp. spdy: every connection a pair of streams on one SPDY/3.1 upgrade, "
+    "as kubectl < 1.31 and client-go do. tunnel: the same SPDY inside one WebSocket, as "
+    "kubectl >= 1.31 does. spdy and tunnel carry tcp only"
+)
 
 
 class ForwardError(Exception):
@@ -132,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--transport",
         choices=sorted(TRANSPORTS),
         default="websocket",
-        help="how each connection reaches the server (websocket: one WebSocket per connection)",
+        help=TRANSPORT_HELP,
     )
     parser.add_argument(
         "--api-group-version", default=DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
@@ -149,6 +172,10 @@ def main(ns: argparse.Namespace) -> int:
         transport = TRANSPORTS[ns.transport](
             config, group_version=ns.api_group_version, target=target
         )
+        if not transport.udp and any(spec.protocol == "udp" for spec in ns.ports):
+            raise ForwardError(
+                f"--transport {ns.transport} carries tcp only; use --transport websocket for udp"
+            )
         if ns.stdio:
             return asyncio.run(_stdio(transport, ns.ports[0].remote))
         return asyncio.run(_listen(transport, ns.ports, address=ns.address))
@@ -180,8 +207,15 @@ class Link(Protocol):
 class Transport(Protocol):
     """How forwarded connections reach the server."""
 
+    udp: ClassVar[bool]
+    """It can carry UDP flows."""
+
     async def open(self, remote: int, protocol: str) -> Link:
         """A connection to the machine's `remote` port; `ForwardError` when refused."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the connections share (the links end on their own)."""
         ...
 
 
@@ -259,6 +293,8 @@ async def open_link(config: ClientConfig, url: str) -> WebSocketLink:
 class WebSocketTransport:
     """One WebSocket per forwarded connection, at `…/portforward/{port}/{protocol}`."""
 
+    udp: ClassVar[bool] = True
+
     def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
         self._config = config
         self._base = object_url(config, group_version=group_version, target=target)
@@ -266,9 +302,140 @@ class WebSocketTransport:
     async def open(self, remote: int, protocol: str) -> Link:
         return await open_link(self._config, f"{self._base}/portforward/{remote}/{protocol}")
 
+    async def close(self) -> None:
+        pass  # nothing is shared: every link is its own WebSocket
 
-TRANSPORTS: dict[str, Callable[..., Transport]] = {"websocket": WebSocketTransport}
-"""Transports by `--transport` name; others (SPDY, tunnelled SPDY) can be added here."""
+
+class SpdyLink:
+    """A `Link` over a port-forward stream pair: bytes on `data`, the server's
+    complaints (plain text) on `error`."""
+
+    def __init__(self, error: spdy.ClientStream, data: spdy.ClientStream) -> None:
+        self._error = error
+        self._data = data
+        self._complaint = asyncio.create_task(_complaint(error, data))
+
+    async def send(self, data: bytes) -> None:
+        await self._data.write(data)
+
+    async def receive(self) -> bytes | None:
+        """The next chunk; None at the end; `ForwardError` with the server's complaint."""
+        if chunk := await self._data.read():
+            return chunk
+        # The server writes its complaint before it ends the pair.
+        done, _ = await asyncio.wait([self._complaint], timeout=COMPLAINT_WAIT)
+        if done and (message := self._complaint.result()):
+            raise ForwardError(message)
+        return None
+
+    async def half_close(self) -> None:
+        self._data.end()
+
+    async def close(self) -> None:
+        self._complaint.cancel()
+        await asyncio.wait([self._complaint])
+        self._error.reset()
+        self._data.reset()
+
+
+async def _complaint(error: spdy.ClientStream, data: spdy.ClientStream) -> str:
+    """Everything the server writes on `error`; a complaint also ends `data`."""
+    text = b""
+    while len(text) < MAX_COMPLAINT and (chunk := await error.read()):
+        text += chunk
+    if text:
+        data.reset()
+    return text.decode("utf-8", "replace").strip()
+
+
+class SpdyTransport:
+    """Every connection a stream pair on one SPDY/3.1 upgrade of `…/portforward`, as client-go.
+
+    The upgrade is made for the first connection and made again for the next
+    connection after it dropped or the server sent GOAWAY.
+    """
+
+    udp: ClassVar[bool] = False
+
+    def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
+        self._config = config
+        self._base = object_url(config, group_version=group_version, target=target, websocket=False)
+        self._client: spdy.SpdyClient | None = None
+        self._dialing = asyncio.Lock()
+        self._request_ids = itertools.count()
+
+    async def open(self, remote: int, protocol: str) -> Link:
+        client = await self._session()
+        common = {
+            pairs.PORT_HEADER: str(remote),
+            pairs.REQUEST_ID_HEADER: str(next(self._request_ids)),
+        }
+        try:
+            error = client.open_stream({pairs.STREAM_TYPE_HEADER: pairs.ERROR, **common})
+            error.end()  # we never write on it, as client-go
+            data = client.open_stream({pairs.STREAM_TYPE_HEADER: pairs.DATA, **common})
+        except SpdyError as exc:
+            raise ForwardError(f"cannot open a stream: {exc}") from None
+        try:
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                await error.wait_replied()
+                await data.wait_replied()
+        except (ConnectionResetError, TimeoutError):
+            error.reset()
+            data.reset()
+            raise ForwardError("the server did not accept the port-forward streams") from None
+        return SpdyLink(error, data)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def _session(self) -> spdy.SpdyClient:
+        async with self._dialing:
+            if self._client is None or not self._client.usable:
+                self._client = spdy.SpdyClient(await self._dial())
+            return self._client
+
+    async def _dial(self) -> spdy.Carrier:
+        try:
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                return await self._upgrade(f"{self._base}/portforward")
+        except spdy.UpgradeRefused as exc:
+            raise ForwardError(status_message(exc.body, exc.status)) from None
+        except (OSError, TimeoutError) as exc:
+            raise ForwardError(f"cannot connect to {self._config.server}: {exc}") from None
+
+    async def _upgrade(self, url: str) -> spdy.Carrier:
+        c = self._config
+        return await spdy.upgrade(
+            url,
+            protocol=pairs.PROTOCOL,
+            headers=c.headers,
+            tls=c.ssl,
+            server_hostname=c.server_hostname,
+        )
+
+
+class TunnelTransport(SpdyTransport):
+    """The same stream pairs, the SPDY bytes in one WebSocket (`SPDY/3.1+portforward.k8s.io`)."""
+
+    async def _upgrade(self, url: str) -> spdy.Carrier:
+        c = self._config
+        return await spdy.tunnel(
+            url,
+            subprotocol=pairs.TUNNEL_PROTOCOL,
+            headers=c.headers,
+            tls=c.ssl,
+            server_hostname=c.server_hostname,
+        )
+
+
+TRANSPORTS: dict[str, Callable[..., Transport]] = {
+    "websocket": WebSocketTransport,
+    "spdy": SpdyTransport,
+    "tunnel": TunnelTransport,
+}
+"""Transports by `--transport` name."""
 
 
 def status_message(body: bytes | bytearray | None, code: int) -> str:
@@ -312,6 +479,8 @@ async def _up(reader: asyncio.StreamReader, link: Link) -> None:
 async def _listen(transport: Transport, specs: list[PortSpec], *, address: str) -> int:
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
+        # Pushed first, so it runs last: the listeners stop before the shared upstream goes.
+        stack.push_async_callback(transport.close)
         for spec in specs:
             bound = await _start(stack, transport, spec, address)
             print(f"Forwarding from {address}:{bound} -> {spec.remote}/{spec.protocol}", flush=True)
@@ -351,18 +520,21 @@ async def _serve_tcp(
 ) -> None:
     try:
         link = await transport.open(spec.remote, "tcp")
+        await bridge(reader, writer, link)
     except ForwardError as exc:
         print(f"error: port {spec.remote}: {exc}", file=sys.stderr, flush=True)
-        writer.close()
-        return
-    try:
-        await bridge(reader, writer, link)
     finally:
         writer.close()
 
 
 async def _stdio(transport: Transport, remote: int) -> int:
-    link = await transport.open(remote, "tcp")
+    try:
+        return await _stdio_link(await transport.open(remote, "tcp"))
+    finally:
+        await transport.close()
+
+
+async def _stdio_link(link: Link) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=2 * READ_SIZE)
     try:

@@ -11,12 +11,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.server.portforward_support import UdpEcho, pf_machine, port_of, sha_on_eof
+from tests.support import Backend, Standalone, start_standalone
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
@@ -150,3 +153,31 @@ def write_kubeconfig(
     }
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[tuple[Backend, Backend]]:
+    """An echo backend and one answering the sha256 of all it got after EOF."""
+    echo = await Backend().start_tcp()
+    summer = await Backend(handler=sha_on_eof).start_tcp()
+    yield echo, summer
+    await echo.stop()
+    await summer.stop()
+
+
+@pytest.fixture
+async def udp() -> AsyncIterator[UdpEcho]:
+    """A UDP echo."""
+    u = await UdpEcho().start()
+    yield u
+    u.stop()
+
+
+@pytest.fixture
+async def subres(
+    tmp_path: Path, backends: tuple[Backend, Backend], udp: UdpEcho
+) -> AsyncIterator[Standalone]:
+    """A standalone server whose machine vm1 allows the ports of `backends` and `udp`."""
+    ports = [port_of(b.url) for b in backends] + [udp.port]
+    async with start_standalone(tmp_path, pf_machine("vm1", ports)) as s:
+        yield s

@@ -4,119 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
-import signal
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncssh
 import pytest
 
 from subres.cli.portforward import PortSpec, parse_port
-from tests.cli.conftest import cli, cli_env
-from tests.server.portforward_support import (
-    UdpEcho,
-    chunks,
-    digest,
-    pf_machine,
-    port_of,
-    sha_on_eof,
-)
+from tests.cli.conftest import cli
+from tests.cli.portforward_support import TIMEOUT, echo_hashed, listening, spawn, stop
+from tests.server.portforward_support import UdpEcho, chunks, digest, pf_machine, port_of
 from tests.support import Backend, Standalone, start_standalone
 
 SIZE = 32 << 20
-TIMEOUT = 30.0
-
-
-@pytest.fixture
-async def backends() -> AsyncIterator[tuple[Backend, Backend]]:
-    echo = await Backend().start_tcp()
-    summer = await Backend(handler=sha_on_eof).start_tcp()
-    yield echo, summer
-    await echo.stop()
-    await summer.stop()
-
-
-@pytest.fixture
-async def udp() -> AsyncIterator[UdpEcho]:
-    u = await UdpEcho().start()
-    yield u
-    u.stop()
-
-
-@pytest.fixture
-async def subres(
-    tmp_path: Path, backends: tuple[Backend, Backend], udp: UdpEcho
-) -> AsyncIterator[Standalone]:
-    ports = [port_of(b.url) for b in backends] + [udp.port]
-    async with start_standalone(tmp_path, pf_machine("vm1", ports)) as s:
-        yield s
-
-
-async def spawn(
-    subres: Standalone, *args: str, stdin: int | None = None
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *cli("--kubeconfig", subres.kubeconfig(), "port-forward", *args),
-        stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=cli_env(subres.dir),
-    )
-
-
-async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        async with asyncio.timeout(10):
-            await proc.wait()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-
-
-async def listening(proc: asyncio.subprocess.Process, count: int) -> list[int]:
-    """The local ports the CLI announced, in order."""
-    assert proc.stdout is not None
-    ports: list[int] = []
-    async with asyncio.timeout(TIMEOUT):
-        while len(ports) < count:
-            line = await proc.stdout.readline()
-            assert line, f"no listener announced; stderr: {await _stderr(proc)!r}"
-            match = re.match(rb"Forwarding from 127\.0\.0\.1:(\d+) -> ", line)
-            assert match, line
-            ports.append(int(match.group(1)))
-    return ports
-
-
-async def _stderr(proc: asyncio.subprocess.Process) -> bytes:
-    assert proc.stderr is not None
-    await stop(proc)
-    return await proc.stderr.read()
-
-
-async def echo_hashed(port: int, size: int) -> str:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-    async def send() -> None:
-        for chunk in chunks(size):
-            writer.write(chunk)
-            await writer.drain()
-
-    sender = asyncio.create_task(send())
-    h = hashlib.sha256()
-    got = 0
-    async with asyncio.timeout(60):
-        while got < size:
-            data = await reader.read(1 << 20)
-            assert data
-            h.update(data)
-            got += len(data)
-        await sender
-    writer.close()
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,97 @@
+"""Shared pieces of the `subres port-forward` tests: running the CLI and talking through it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import signal
+
+from tests.cli.conftest import cli, cli_env
+from tests.server.portforward_support import chunks
+from tests.support import Standalone
+
+__all__ = ["TIMEOUT", "echo_hashed", "listening", "round_trip", "spawn", "stderr_of", "stop"]
+
+TIMEOUT = 30.0
+
+
+async def spawn(
+    subres: Standalone, *args: str, stdin: int | None = None
+) -> asyncio.subprocess.Process:
+    """`subres port-forward ARGS…` against `subres`, stdout and stderr piped."""
+    return await asyncio.create_subprocess_exec(
+        *cli("--kubeconfig", subres.kubeconfig(), "port-forward", *args),
+        stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=cli_env(subres.dir),
+    )
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the CLI, wait a bounded time, then kill it."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        async with asyncio.timeout(10):
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def listening(proc: asyncio.subprocess.Process, count: int) -> list[int]:
+    """The local ports the CLI announced, in order."""
+    assert proc.stdout is not None
+    ports: list[int] = []
+    async with asyncio.timeout(TIMEOUT):
+        while len(ports) < count:
+            line = await proc.stdout.readline()
+            assert line, f"no listener announced; stderr: {await stderr_of(proc)!r}"
+            match = re.match(rb"Forwarding from 127\.0\.0\.1:(\d+) -> ", line)
+            assert match, line
+            ports.append(int(match.group(1)))
+    return ports
+
+
+async def stderr_of(proc: asyncio.subprocess.Process) -> bytes:
+    """Stop the CLI and return everything it wrote on stderr."""
+    assert proc.stderr is not None
+    await stop(proc)
+    return await proc.stderr.read()
+
+
+async def echo_hashed(port: int, size: int) -> str:
+    """Send `chunks(size)` to an echo behind local `port`; the sha256 of what came back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def send() -> None:
+        for chunk in chunks(size):
+            writer.write(chunk)
+            await writer.drain()
+
+    sender = asyncio.create_task(send())
+    h = hashlib.sha256()
+    got = 0
+    async with asyncio.timeout(60):
+        while got < size:
+            data = await reader.read(1 << 20)
+            assert data
+            h.update(data)
+            got += len(data)
+        await sender
+    writer.close()
+    return h.hexdigest()
+
+
+async def round_trip(port: int, payload: bytes) -> bytes:
+    """Send `payload` and EOF through local `port`; all that came back before the end."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(payload)
+        writer.write_eof()
+        async with asyncio.timeout(TIMEOUT):
+            return await reader.read()
+    finally:
+        writer.close()
