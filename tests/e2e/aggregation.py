@@ -1,9 +1,9 @@
-"""Registering an aggregated API server that runs on this machine.
+"""An aggregated API server that runs on this machine: its grants and its availability.
 
-Owns the objects that make kube-apiserver proxy a group/version to a local
-process: the ExternalName Service and the APIService, the RBAC an aggregated
-server needs to delegate authentication and authorization, and waiting for
-the APIService to become Available.
+Owns the RBAC an aggregated server needs to delegate authentication and
+authorization, and waiting for an APIService to become Available; and says
+how its Service reaches a local process (``subresserver.py`` deploys subres
+that way: an ExternalName Service for 127.0.0.1).
 
 How kube-apiserver reaches a local server without a cluster network: with
 ``--enable-aggregator-routing=false`` the aggregator resolves an APIService's
@@ -15,7 +15,7 @@ for ``ClusterIP`` Services before probing ``/apis/<group>/<version>`` itself.
 So an externalName of ``127.0.0.1`` (a valid DNS-1123 subdomain, dialled as
 an address with no DNS lookup; ``localhost`` would also try ``::1``) reaches a
 server on this machine. The TLS ServerName stays ``<service>.<namespace>.svc``,
-so the serving certificate must name it and `ca_bundle` must sign it. The
+so the serving certificate must name it and the caBundle must sign it. The
 other route, ``--enable-aggregator-routing=true``, resolves through
 EndpointSlices only, refuses ExternalName Services, and EndpointSlice
 validation rejects loopback addresses: it would need a network namespace.
@@ -23,7 +23,6 @@ validation rejects loopback addresses: it would need a network namespace.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from tests.e2e.controlplane import ControlPlane, poll
@@ -31,57 +30,8 @@ from tests.e2e.controlplane import ControlPlane, poll
 __all__ = [
     "apiservice_condition",
     "grant_delegated_auth",
-    "register_apiservice",
     "wait_apiservice_available",
 ]
-
-
-async def register_apiservice(
-    plane: ControlPlane,
-    *,
-    group: str,
-    version: str,
-    namespace: str,
-    service: str,
-    port: int,
-    ca_bundle: bytes,
-    host: str = "127.0.0.1",
-    group_priority_minimum: int = 1000,
-    version_priority: int = 15,
-) -> str:
-    """Register ``<version>.<group>`` served at ``host:port`` on this machine; its name.
-
-    Creates `namespace` and an ExternalName Service `service` pointing at
-    `host` (see the module docstring for why), then the APIService with
-    `ca_bundle` (PEM) as the CA for the serving certificate, which must name
-    ``<service>.<namespace>.svc``. Applying again updates both in place.
-    """
-    await plane.ensure_namespace(namespace)
-    await plane.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": service, "namespace": namespace},
-            "spec": {"type": "ExternalName", "externalName": host},
-        }
-    )
-    name = f"{version}.{group}"
-    await plane.apply(
-        {
-            "apiVersion": "apiregistration.k8s.io/v1",
-            "kind": "APIService",
-            "metadata": {"name": name},
-            "spec": {
-                "group": group,
-                "version": version,
-                "service": {"namespace": namespace, "name": service, "port": port},
-                "caBundle": base64.b64encode(ca_bundle).decode(),
-                "groupPriorityMinimum": group_priority_minimum,
-                "versionPriority": version_priority,
-            },
-        }
-    )
-    return name
 
 
 async def grant_delegated_auth(

@@ -4,8 +4,9 @@ Owns the life of one throwaway control plane: its flags, the processes
 (started by PID, stopped by PID with SIGTERM then SIGKILL), readiness,
 restarts of kube-apiserver with the same flags and data, and the calls the
 tests make against it: kubectl runs, admin API requests, server-side apply,
-ServiceAccount tokens. Credentials are ``credentials.py``'s; registering an
-aggregated server is ``aggregation.py``'s. Binaries come from
+ServiceAccount tokens. Credentials are ``credentials.py``'s; delegated-auth
+grants and APIService availability are ``aggregation.py``'s; deploying and
+running the real subres is ``subresserver.py``'s. Binaries come from
 ``tests.gotools`` (built from the Go module proxy, cached). Nothing here
 listens anywhere but 127.0.0.1.
 
@@ -16,9 +17,7 @@ for one of your own::
     token = await plane.service_account_token("subres-system", "subres")
     await aggregation.grant_delegated_auth(
         plane, namespace="subres-system", service_account="subres")
-    name = await aggregation.register_apiservice(
-        plane, group=..., version=..., namespace=..., service=..., port=..., ca_bundle=ca_pem)
-    await aggregation.wait_apiservice_available(plane, name)
+    server = await subresserver.launch(plane)  # deploy/ applied, subres Available
     (await plane.kubectl("get", "--raw", "/apis/...", user="alice")).check()
     await plane.restart_apiserver()
 """
@@ -55,7 +54,9 @@ __all__ = [
     "ControlPlane",
     "ControlPlaneError",
     "KubectlResult",
+    "Process",
     "build_binaries",
+    "free_ports",
     "launch",
     "poll",
     "run_sync",
@@ -141,7 +142,7 @@ class KubectlResult:
 
 
 @dataclass
-class _Process:
+class Process:
     """One child process we started, with its command line and log file."""
 
     name: str
@@ -217,8 +218,8 @@ class ControlPlane:
     """``--proxy-client-cert-file``: what kube-apiserver presents to aggregated servers."""
     users: Mapping[str, StaticUser]
     """Static token users by name."""
-    _etcd: _Process
-    _apiserver: _Process
+    _etcd: Process
+    _apiserver: Process
     _admin_cert: Path
     _admin_key: Path
 
@@ -471,7 +472,7 @@ async def poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float) ->
 
 def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
     pki = credentials.write_pki(workdir / "pki")
-    etcd_port, peer_port, apiserver_port = _free_ports(3)
+    etcd_port, peer_port, apiserver_port = free_ports(3)
     url = f"https://127.0.0.1:{apiserver_port}"
     admin_kubeconfig = workdir / "kubeconfigs" / "admin.kubeconfig"
     credentials.write_kubeconfig(
@@ -480,12 +481,12 @@ def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
         ca=pki.server_ca.cert_pem(),
         user=credentials.admin_user_entry(pki),
     )
-    etcd = _Process(
+    etcd = Process(
         name="etcd",
         args=_etcd_args(binaries.etcd, workdir / "etcd", etcd_port, peer_port),
         log=workdir / "etcd.log",
     )
-    apiserver = _Process(
+    apiserver = Process(
         name="kube-apiserver",
         args=_apiserver_args(
             binaries.kube_apiserver, pki.dir, etcd_port=etcd_port, port=apiserver_port
@@ -562,7 +563,7 @@ def _apiserver_args(binary: Path, pki: Path, *, etcd_port: int, port: int) -> li
     ]
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports the kernel just handed out on 127.0.0.1 (all held until every one is chosen)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:

@@ -1,40 +1,24 @@
-"""The real control plane the e2e suite stands on: kubectl, RBAC, restarts, aggregation.
+"""The real control plane the e2e suite stands on: kubectl, RBAC, tokens, restarts.
 
-The aggregation test registers a stand-in aggregated server (a few lines of
-aiohttp, not subres) through a real APIService, proving the route the real
-server will take: ExternalName Service, caBundle, front-proxy client
-certificate, X-Remote-* headers.
+What an aggregated server needs of it (delegated-auth grants, the authentication
+ConfigMap, why EndpointSlices cannot point at loopback) is checked here;
+``test_subres.py`` registers the real subres through it.
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiohttp import web
 
-from subres.server import certs
 from tests import gotools
-from tests.e2e.aggregation import (
-    grant_delegated_auth,
-    register_apiservice,
-    wait_apiservice_available,
-)
+from tests.e2e.aggregation import grant_delegated_auth
 from tests.e2e.controlplane import APIError, ControlPlane, poll
-from tests.e2e.credentials import ADMIN_USER, FRONT_PROXY_CLIENT
+from tests.e2e.credentials import FRONT_PROXY_CLIENT
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "deploy" / "crd-machine.yaml"
-
-GROUP = "subresources.subres.dev"
-VERSION = "v1alpha1"
-STANDIN_NAMESPACE = "subres-standin"
-STANDIN_SERVICE = "subres"
 
 
 async def ensure_machine_crd(plane: ControlPlane) -> None:
@@ -206,129 +190,3 @@ async def test_restarting_kube_apiserver_keeps_the_data(control_plane: ControlPl
 
     got = await control_plane.kubectl("get", "machine", "survivor", "-n", namespace, "-o", "json")
     assert got.check().json()["metadata"]["name"] == "survivor"
-
-
-# -- aggregation through a stand-in aggregated server ---------------------
-
-
-@dataclass(frozen=True)
-class Seen:
-    """One request the stand-in received, as kube-apiserver sent it."""
-
-    path: str
-    peer_cn: str | None
-    user: str | None
-    groups: tuple[str, ...]
-
-
-@dataclass
-class StandIn:
-    """A stand-in aggregated API server listening on 127.0.0.1."""
-
-    ca: certs.KeyPair
-    port: int
-    seen: list[Seen] = field(default_factory=list)
-
-    def from_user(self, user: str) -> list[Seen]:
-        return [request for request in self.seen if request.user == user]
-
-
-def _peer_cn(request: web.Request) -> str | None:
-    peer = request.transport.get_extra_info("peercert") if request.transport else None
-    if not peer:
-        return None
-    for rdn in peer.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
-
-
-def _standin_app(seen: list[Seen]) -> web.Application:
-    async def discovery(request: web.Request) -> web.Response:
-        user = request.headers.get("X-Remote-User")
-        seen.append(
-            Seen(
-                path=request.path,
-                peer_cn=_peer_cn(request),
-                user=user,
-                groups=tuple(request.headers.getall("X-Remote-Group", [])),
-            )
-        )
-        body: dict[str, Any] = {
-            "kind": "APIResourceList",
-            "apiVersion": "v1",
-            "groupVersion": f"{GROUP}/{VERSION}",
-            "resources": [
-                {
-                    "name": "machines/console",
-                    "singularName": "",
-                    "namespaced": True,
-                    "kind": "MachineConsole",
-                    "verbs": ["get", "create"],
-                }
-            ],
-        }
-        return web.json_response(body, headers={"X-Echo-Remote-User": user or ""})
-
-    app = web.Application()
-    app.router.add_get(f"/apis/{GROUP}/{VERSION}", discovery)
-    return app
-
-
-@pytest.fixture
-async def standin(control_plane: ControlPlane, tmp_path: Path) -> AsyncIterator[StandIn]:
-    ca = certs.generate_ca("stand-in aggregated server CA")
-    dns_names, ips = certs.serving_names(STANDIN_SERVICE, STANDIN_NAMESPACE)
-    serving = certs.issue_serving(
-        ca, common_name=f"{STANDIN_SERVICE}.{STANDIN_NAMESPACE}.svc", dns_names=dns_names,
-        ip_addresses=ips,
-    )  # fmt: skip
-    serving.write(tmp_path / "tls.crt", tmp_path / "tls.key")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
-    # Ask for the front-proxy client certificate, as a real aggregated server does.
-    context.verify_mode = ssl.CERT_OPTIONAL
-    context.load_verify_locations(cadata=control_plane.front_proxy_ca.cert_pem().decode())
-
-    seen: list[Seen] = []
-    runner = web.AppRunner(_standin_app(seen))
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
-        yield StandIn(ca=ca, port=int(runner.addresses[0][1]), seen=seen)
-    finally:
-        await runner.cleanup()
-
-
-async def test_apiservice_reaches_a_local_server_with_the_front_proxy_identity(
-    control_plane: ControlPlane, standin: StandIn
-) -> None:
-    name = await register_apiservice(
-        control_plane,
-        group=GROUP,
-        version=VERSION,
-        namespace=STANDIN_NAMESPACE,
-        service=STANDIN_SERVICE,
-        port=standin.port,
-        ca_bundle=standin.ca.cert_pem(),
-    )
-    try:
-        await wait_apiservice_available(control_plane, name)
-        # The availability probe came as the aggregator, over the front-proxy certificate.
-        probes = standin.from_user("system:kube-aggregator")
-        assert probes and probes[0].peer_cn == FRONT_PROXY_CLIENT
-        assert "system:masters" in probes[0].groups
-
-        for user in (ADMIN_USER, "alice"):
-            before = len(standin.from_user(user))
-            raw = await control_plane.kubectl("get", "--raw", f"/apis/{GROUP}/{VERSION}", user=user)
-            assert raw.check().json()["groupVersion"] == f"{GROUP}/{VERSION}"
-            [request] = standin.from_user(user)[before:]
-            assert request.peer_cn == FRONT_PROXY_CLIENT
-            assert request.path == f"/apis/{GROUP}/{VERSION}"
-            assert "system:authenticated" in request.groups
-        assert "system:masters" in standin.from_user(ADMIN_USER)[0].groups
-        assert "subres:users" in standin.from_user("alice")[0].groups
-    finally:
-        await control_plane.api("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{name}")

@@ -1,0 +1,298 @@
+"""The real subres, deployed from ``deploy/`` into a real control plane, run as a local process.
+
+Owns what it takes to put ``subres serve`` (cluster mode) behind a real
+kube-apiserver on this machine:
+
+- ``subres certs`` writes the serving certificate for
+  ``subres.subres-system.svc`` and the APIService caBundle patch;
+- ``kubectl apply -k`` applies an overlay of ``deploy/`` that keeps every
+  piece that makes sense without a kubelet (namespace, CRD, ServiceAccount,
+  server and user RBAC, APIService with the real caBundle) and changes only
+  how the Service is reached: the Deployment and its PodDisruptionBudget are
+  deleted (no controller manager or kubelet would ever run them) and the
+  Service becomes an ExternalName Service for 127.0.0.1 (see
+  ``aggregation.py`` for why that reaches a local process), with the
+  APIService's port set to the local one;
+- the process runs with a kubeconfig holding a TokenRequest token of the
+  ``subres-system/subres`` ServiceAccount, so it has exactly the permissions
+  ``deploy/`` grants it, and without ``--requestheader-*`` flags, so it reads
+  ``kube-system/extension-apiserver-authentication`` as in a cluster.
+
+It is started and stopped by PID (``controlplane.Process``); every wait is
+bounded and fails with the logs of both subres and kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import ssl
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from subres.server import certs
+from tests.e2e.aggregation import apiservice_condition, wait_apiservice_available
+from tests.e2e.controlplane import ControlPlane, ControlPlaneError, Process, free_ports, poll
+
+__all__ = [
+    "APISERVICE",
+    "GROUP",
+    "NAMESPACE",
+    "SERVER_NAME",
+    "SERVICE",
+    "VERSION",
+    "Subres",
+    "launch",
+    "shutdown",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+
+GROUP = "subresources.subres.dev"
+VERSION = "v1alpha1"
+APISERVICE = f"{VERSION}.{GROUP}"
+NAMESPACE = "subres-system"
+SERVICE = "subres"
+SERVICE_ACCOUNT = "subres"
+SERVER_NAME = f"{SERVICE}.{NAMESPACE}.svc"
+"""The TLS server name kube-apiserver dials the Service by; the certificate must name it."""
+
+READY_TIMEOUT_S = 30.0
+"""Bound on subres answering ``/readyz`` after it was started."""
+AVAILABLE_TIMEOUT_S = 45.0
+"""Bound on the APIService turning Available: the aggregator retries a failed probe
+with a growing delay and re-checks every APIService every 30 s at the latest."""
+
+
+@dataclass
+class Subres:
+    """A running ``subres serve`` registered with the control plane."""
+
+    plane: ControlPlane
+    """The control plane it serves behind."""
+    workdir: Path
+    """Temporary directory: overlay, certificates, cert-dir, log."""
+    port: int
+    """Port on 127.0.0.1 (fixed across restarts, as behind a Service)."""
+    ca: Path
+    """CA of the serving certificate (the APIService's caBundle)."""
+    process: Process
+    """The ``python -m subres serve`` child."""
+
+    @property
+    def url(self) -> str:
+        """``https://127.0.0.1:<port>``: subres itself, bypassing kube-apiserver."""
+        return f"https://127.0.0.1:{self.port}"
+
+    def ssl_context(self, client: certs.KeyPair | None = None) -> ssl.SSLContext:
+        """Trusts subres's serving CA; presents `client`'s certificate when given.
+
+        Connections must use ``server_hostname=SERVER_NAME``: the certificate
+        names the Service, not 127.0.0.1, as ``subres certs`` makes it.
+        """
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if client is not None:
+            name = client.cert.serial_number
+            cert, key = self.workdir / f"client-{name}.crt", self.workdir / f"client-{name}.key"
+            client.write(cert, key)
+            context.load_cert_chain(cert, key)
+        return context
+
+    async def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Poll subres's ``/readyz`` (anonymous) until 200; raise with the logs otherwise."""
+        context = self.ssl_context()
+
+        async def ready() -> bool:
+            if self.process.exited() is not None:
+                raise self.failure(f"subres exited with {self.process.exited()}")
+            try:
+                async with (
+                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+                    session.get(
+                        self.url + "/readyz", ssl=context, server_hostname=SERVER_NAME
+                    ) as response,
+                ):
+                    return response.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+
+        if not await poll(ready, timeout_s=timeout_s):
+            raise self.failure(f"subres not ready within {timeout_s:.0f}s")
+
+    async def wait_available(self, timeout_s: float = AVAILABLE_TIMEOUT_S) -> None:
+        """Wait until the APIService is ``Available=True``; raise with the logs otherwise."""
+        try:
+            await wait_apiservice_available(self.plane, APISERVICE, timeout_s=timeout_s)
+        except ControlPlaneError as exc:
+            raise self.failure(str(exc)) from None
+
+    async def available_status(self) -> str | None:
+        """The APIService's ``Available`` condition status (``"True"``, ``"False"``…)."""
+        condition = await apiservice_condition(self.plane, APISERVICE)
+        return None if condition is None else str(condition.get("status"))
+
+    async def start(self) -> None:
+        """Start the process and wait until it is ready."""
+        self.process.start()
+        await self.wait_ready()
+
+    async def stop(self) -> None:
+        """SIGTERM (then SIGKILL) by PID."""
+        await self.process.stop()
+
+    def failure(self, reason: str) -> ControlPlaneError:
+        """An error naming `reason` with the tails of the subres and control-plane logs."""
+        return ControlPlaneError(f"{reason}\n{self.process.tail()}\n{self.plane.logs()}")
+
+    def logs(self) -> str:
+        """The tail of subres's log and of the control plane's, for a failing assertion."""
+        return f"{self.process.tail()}\n{self.plane.logs()}"
+
+
+async def launch(plane: ControlPlane) -> Subres:
+    """Deploy ``deploy/`` (see the module docstring), start subres, wait for Available.
+
+    The caller must ``shutdown()`` the result.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-server-"))
+    try:
+        [port] = free_ports(1)
+        overlay = workdir / "overlay"
+        await _subres_certs(overlay / "certs")
+        _write_kustomization(overlay, port)
+        (await plane.kubectl("apply", "--server-side", "-k", str(overlay))).check()
+        (
+            await plane.kubectl(
+                "wait", "--for=condition=Established", "crd/machines.subres.dev", "--timeout=30s"
+            )
+        ).check()
+        token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
+        kubeconfig = plane.token_kubeconfig("subres-server", token)
+        server = Subres(
+            plane=plane,
+            workdir=workdir,
+            port=port,
+            ca=overlay / "certs" / "ca.crt",
+            process=Process(
+                name="subres",
+                args=_serve_args(overlay / "certs", workdir / "cert-dir", kubeconfig, port),
+                log=workdir / "subres.log",
+            ),
+        )
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    try:
+        await server.start()
+        await server.wait_available()
+    except BaseException:
+        await shutdown(server)
+        raise
+    return server
+
+
+async def shutdown(server: Subres) -> None:
+    """Stop subres, unregister its APIService (the group would answer 503), remove files."""
+    try:
+        await server.stop()
+        await server.plane.api(
+            "DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}"
+        )
+    finally:
+        shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "subres",
+        "serve",
+        f"--kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--tls-cert-file={certs_dir / 'tls.crt'}",
+        f"--tls-private-key-file={certs_dir / 'tls.key'}",
+        # Where the CA bundles read from the authentication ConfigMap are written.
+        f"--cert-dir={cert_dir}",
+        "--shutdown-grace=2",
+    ]
+
+
+def _write_kustomization(overlay: Path, port: int) -> None:
+    """A kustomization over ``deploy/`` for a server on this machine (certificates in place)."""
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY, overlay)],
+        "patches": [
+            # `subres certs` output, as deploy/kustomization.yaml tells operators to use it.
+            {"path": "certs/apiservice-cabundle.yaml"},
+            {"patch": _yaml(_deleted("apps/v1", "Deployment"))},
+            {"patch": _yaml(_deleted("policy/v1", "PodDisruptionBudget"))},
+            {
+                "patch": _yaml(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Service",
+                        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+                        "spec": {
+                            "type": "ExternalName",
+                            "externalName": "127.0.0.1",
+                            "selector": None,
+                        },
+                    }
+                )
+            },
+            {
+                "patch": _yaml(
+                    {
+                        "apiVersion": "apiregistration.k8s.io/v1",
+                        "kind": "APIService",
+                        "metadata": {"name": APISERVICE},
+                        "spec": {"service": {"port": port}},
+                    }
+                )
+            },
+        ],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+
+
+async def _subres_certs(out: Path) -> None:
+    """Run the real ``subres certs --out`` verb (bounded)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "subres", "certs", f"--service={SERVICE}",
+        f"--namespace={NAMESPACE}", f"--out={out}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(60):
+            output, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        raise ControlPlaneError(f"subres certs exited {proc.returncode}: {output.decode()}")
+
+
+def _deleted(api_version: str, kind: str) -> dict[str, object]:
+    """A strategic-merge patch that drops the object from the output."""
+    return {
+        "$patch": "delete",
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+    }
+
+
+def _yaml(obj: dict[str, object]) -> str:
+    return yaml.safe_dump(obj)
