@@ -403,6 +403,10 @@ class ControlPlane:
         """An error naming `reason` with the tail of both logs."""
         return ControlPlaneError(f"{reason}\n{self._apiserver.tail()}\n{self._etcd.tail()}")
 
+    def apiserver_log(self) -> str:
+        """kube-apiserver's whole log so far (every run of it)."""
+        return self._apiserver.log.read_text(errors="replace")
+
     def logs(self) -> str:
         """The tails of both logs, for a failing test's message."""
         return f"{self._apiserver.tail()}\n{self._etcd.tail()}"

@@ -403,6 +403,11 @@ async def test_straight_to_subres_only_the_front_proxy_certificate_names_users(
     code, status = await refused(direct(subres, proxy, {"X-Remote-User": "bob"}), "direct-1")
     assert code == 403, status
     assert 'User "bob" cannot get resource "machines/console"' in status["message"]
+    # bob's own client certificate (the client CA): the headers naming alice are ignored.
+    bob_cert = certs.issue_client(control_plane.client_ca, user="bob", groups=[])
+    code, status = await refused(direct(subres, bob_cert, as_alice), "direct-1")
+    assert code == 403, status
+    assert 'User "bob" cannot get resource "machines/console"' in status["message"]
     assert backend.accepted == accepted, "a refused request reached the backend"
 
     # The same headers over the proxy's certificate, and alice's own client certificate
@@ -677,6 +682,14 @@ async def test_console_session_outlives_the_request_timeout(
         assert await echoed(ws, b"still here") == b"still here"
     assert loop.time() - started > LONG_SESSION_S
     assert rounds >= 20
+    # The premise: kube-apiserver did time the request out at 60 s (console is not one of
+    # its long-running subresources) and the upgraded connection lived on regardless.
+    timed_out = [
+        line
+        for line in control_plane.apiserver_log().splitlines()
+        if "Timeout or abort while handling" in line and machine_path("long-1", "console") in line
+    ]
+    assert timed_out, "kube-apiserver never timed the console request out"
 
 
 # -- restarts (last: they interrupt everything above) ----------------------------------
