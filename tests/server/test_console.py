@@ -102,23 +102,34 @@ async def test_channel_dialects_say_hello_on_stdout(subres: Standalone, dialect:
         assert (channel, data) == (1, b"")
 
 
-async def test_aiohttp_client_raw_and_v4(subres: Standalone) -> None:
-    async with aiohttp.ClientSession() as http:
-        for protocols in ((), ("v4.channel.k8s.io",)):
-            async with http.ws_connect(
-                subres.url("vm1"),
-                ssl=subres.client_ssl,
-                headers=subres.auth,
-                protocols=protocols,
-                compress=0,
-            ) as ws:
-                assert ws.protocol == (protocols[0] if protocols else None)
-                prefix = b"\x00" if protocols else b""
-                if protocols:
-                    assert await ws.receive_bytes(timeout=5) == b"\x01"
-                await ws.send_bytes(prefix + b"hello console")
-                reply = await ws.receive_bytes(timeout=5)
-                assert reply == (b"\x01" if protocols else b"") + b"hello console"
+@pytest.mark.parametrize("dialect", CHANNEL_DIALECTS + BASE64_DIALECTS + RAW_DIALECTS)
+async def test_aiohttp_client_in_every_dialect(subres: Standalone, dialect: str | None) -> None:
+    payload = os.urandom(300_000)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(
+            subres.url("vm1"),
+            ssl=subres.client_ssl,
+            headers=subres.auth,
+            protocols=(dialect,) if dialect else (),
+            compress=0,
+            max_msg_size=0,
+        ) as ws,
+    ):
+        assert ws.protocol == dialect
+        message = frame(dialect, 0, payload)
+        if isinstance(message, str):
+            await ws.send_str(message)
+        else:
+            await ws.send_bytes(message)
+        echoed = bytearray()
+        async with asyncio.timeout(10):
+            while len(echoed) < len(payload):
+                received = await ws.receive()
+                channel, data = unframe(dialect, received.data)
+                if channel == 1:
+                    echoed += data
+    assert hashlib.sha256(echoed).digest() == hashlib.sha256(payload).digest()
 
 
 async def test_backend_close_ends_session_with_success_status(

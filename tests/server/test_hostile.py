@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import ssl
 import struct
@@ -204,3 +205,42 @@ async def test_shutdown_tells_clients_the_server_is_going_away(tmp_path: Path) -
             await backend.wait_open(0)
     finally:
         await backend.stop()
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One unmasked server frame: opcode and payload."""
+    head = await reader.readexactly(2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", await reader.readexactly(2))[0]
+    elif length == 127:
+        length = struct.unpack("!Q", await reader.readexactly(8))[0]
+    return head[0] & 0x0F, await reader.readexactly(length)
+
+
+async def test_pings_keep_an_answering_client_and_drop_a_silent_one(
+    tmp_path: Path, backend: Backend
+) -> None:
+    async with start_standalone(
+        tmp_path, machine("vm1", console=backend.url), session={"pingInterval": 0.2}
+    ) as subres:
+        reader, writer = await raw(subres)
+        writer.write(upgrade(subres))
+        assert b"101" in await status_line(reader)
+        async with asyncio.timeout(5):
+            for _ in range(3):  # answer three pings: the session must stay
+                opcode, payload = await read_frame(reader)
+                assert opcode == 0x9
+                writer.write(client_frame(0xA, payload))
+            writer.write(client_frame(0x2, b"still here"))
+            while (frame := await read_frame(reader)) != (0x2, b"still here"):
+                assert frame[0] == 0x9
+                writer.write(client_frame(0xA, frame[1]))
+            # Now fall silent: the server must give up on us and release the backend.
+            # A peer that stopped answering gets no close handshake, just the hang-up.
+            with contextlib.suppress(asyncio.IncompleteReadError):
+                while (await read_frame(reader))[0] != 0x8:
+                    pass
+        await backend.wait_open(0)
+        await wait_for(lambda: len(subres.server.state.sessions) == 0)
+        writer.close()
