@@ -15,13 +15,6 @@ from tests.support import Backend, Standalone, open_fds, start_standalone, wait_
 
 
 @pytest.fixture
-async def echo() -> AsyncIterator[Backend]:
-    b = await Backend().start_tcp()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
 async def udp() -> AsyncIterator[UdpEcho]:
     u = await UdpEcho().start()
     yield u

@@ -22,26 +22,11 @@ from tests.server.portforward_support import (
     digest,
     pf_machine,
     port_of,
-    sha_on_eof,
 )
 from tests.support import Backend, Standalone, start_standalone
 
 DEAD_PORT = 1
 """Allowed by the parent, but nothing listens on it."""
-
-
-@pytest.fixture
-async def echo() -> AsyncIterator[Backend]:
-    b = await Backend().start_tcp()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
-async def summer() -> AsyncIterator[Backend]:
-    b = await Backend(handler=sha_on_eof).start_tcp()
-    yield b
-    await b.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,26 @@
+"""Fixtures of the server tests: backends the port-forward tests dial."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.server.portforward_support import sha_on_eof
+from tests.support import Backend
+
+__all__ = ["echo", "summer"]
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[Backend]:
+    """A TCP echo server."""
+    b = await Backend().start_tcp()
+    yield b
+    await b.stop()
+
+
+@pytest.fixture
+async def summer() -> AsyncIterator[Backend]:
+    """A TCP server that answers the SHA-256 of everything it got, after the client's EOF."""
+    b = await Backend(handler=sha_on_eof).start_tcp()
+    yield b
+    await b.stop()
