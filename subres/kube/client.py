@@ -153,8 +153,41 @@ async def connect(kubeconfig: Path | None) -> Api:
     return Api(k8s.ApiClient(configuration=configuration))
 
 
+class _Listing:
+    """List and watch, the same for every kind: subclasses say which API call."""
+
+    def _request(self, **params: Any) -> Any:
+        raise NotImplementedError
+
+    async def list(self, *, limit: int, continue_token: str) -> Page:
+        """One page of the objects."""
+        call = self._request(
+            limit=limit,
+            _continue=continue_token or None,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        return _page(await _json(call))
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self, *, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        """Changes after `resource_version`."""
+        call = self._request(
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            _request_timeout=_watch_timeout(timeout_seconds),
+        )
+        async with _stream(call) as events:
+            yield events
+
+
 @dataclass(frozen=True)
-class CustomObjects:
+class CustomObjects(_Listing):
     """Every object of one custom resource, cluster-wide."""
 
     api: Api
@@ -165,41 +198,14 @@ class CustomObjects:
     plural: str
     """The CRD's plural resource name."""
 
-    async def list(self, *, limit: int, continue_token: str) -> Page:
-        """One page of the objects."""
-        call = self.api._custom_objects().list_cluster_custom_object(
-            self.group,
-            self.version,
-            self.plural,
-            limit=limit,
-            _continue=continue_token or None,
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
+    def _request(self, **params: Any) -> Any:
+        return self.api._custom_objects().list_cluster_custom_object(
+            self.group, self.version, self.plural, **params
         )
-        return _page(await _json(call))
-
-    @contextlib.asynccontextmanager
-    async def watch(
-        self, *, resource_version: str, timeout_seconds: int
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        """Changes after `resource_version`."""
-        call = self.api._custom_objects().list_cluster_custom_object(
-            self.group,
-            self.version,
-            self.plural,
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            _preload_content=False,
-            _request_timeout=_watch_timeout(timeout_seconds),
-        )
-        async with _stream(call) as events:
-            yield events
 
 
 @dataclass(frozen=True)
-class ConfigMaps:
+class ConfigMaps(_Listing):
     """The ConfigMaps of one namespace that a field selector picks."""
 
     api: Api
@@ -208,35 +214,10 @@ class ConfigMaps:
     field_selector: str
     """E.g. `metadata.name=extension-apiserver-authentication`."""
 
-    async def list(self, *, limit: int, continue_token: str) -> Page:
-        """One page of the ConfigMaps."""
-        call = self.api._core().list_namespaced_config_map(
-            self.namespace,
-            field_selector=self.field_selector,
-            limit=limit,
-            _continue=continue_token or None,
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
+    def _request(self, **params: Any) -> Any:
+        return self.api._core().list_namespaced_config_map(
+            self.namespace, field_selector=self.field_selector, **params
         )
-        return _page(await _json(call))
-
-    @contextlib.asynccontextmanager
-    async def watch(
-        self, *, resource_version: str, timeout_seconds: int
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        """Changes after `resource_version`."""
-        call = self.api._core().list_namespaced_config_map(
-            self.namespace,
-            field_selector=self.field_selector,
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            _preload_content=False,
-            _request_timeout=_watch_timeout(timeout_seconds),
-        )
-        async with _stream(call) as events:
-            yield events
 
 
 def _watch_timeout(timeout_seconds: int) -> aiohttp.ClientTimeout:
