@@ -29,47 +29,47 @@ def add_client_flags(parser: argparse.ArgumentParser, *, on_verb: bool = False) 
     )
 
 
+VERBS: tuple[tuple[str, Any, str, str], ...] = (
+    (
+        "console",
+        console,
+        "connect to a machine's serial console (Ctrl+] leaves)",
+        "Connect to the serial console of a machine. Ctrl+] leaves.",
+    ),
+    (
+        "port-forward",
+        portforward,
+        "forward local ports (or stdin/stdout) to a machine's ports",
+        "Forward local ports, or stdin/stdout with --stdio, to ports of a machine.",
+    ),
+    (
+        "vnc",
+        vnc,
+        "open a machine's display in a local VNC viewer",
+        "Relay a local port to a machine's VNC display and start a viewer, "
+        'or with --proxy-only print {"port": N} and relay until interrupted.',
+    ),
+    (
+        "screenshot",
+        screenshot,
+        "save a machine's display as a PNG file",
+        "Save the current picture of a machine's display as a PNG file.",
+    ),
+    (
+        "web",
+        web,
+        "open a machine's console and display in the browser (a page on localhost)",
+        "Serve the console and VNC page on a local port; its connections use "
+        "your kubeconfig's credentials, which the browser never sees.",
+    ),
+)
+"""Each client verb: its name, its module (`add_arguments`, `main`), help and description."""
+
+
 def add_verbs(verbs: Any) -> None:
     """Add every client verb to the subcommand set `verbs`."""
-    parser = verbs.add_parser(
-        "console",
-        help="connect to a machine's serial console (Ctrl+] leaves)",
-        description="Connect to the serial console of a machine. Ctrl+] leaves.",
-    )
-    console.add_arguments(parser)
-    add_client_flags(parser, on_verb=True)
-    parser.set_defaults(func=console.main)
-    parser = verbs.add_parser(
-        "port-forward",
-        help="forward local ports (or stdin/stdout) to a machine's ports",
-        description="Forward local ports, or stdin/stdout with --stdio, to ports of a machine.",
-    )
-    portforward.add_arguments(parser)
-    add_client_flags(parser, on_verb=True)
-    parser.set_defaults(func=portforward.main)
-    parser = verbs.add_parser(
-        "vnc",
-        help="open a machine's display in a local VNC viewer",
-        description="Relay a local port to a machine's VNC display and start a viewer, "
-        'or with --proxy-only print {"port": N} and relay until interrupted.',
-    )
-    vnc.add_arguments(parser)
-    add_client_flags(parser, on_verb=True)
-    parser.set_defaults(func=vnc.main)
-    parser = verbs.add_parser(
-        "screenshot",
-        help="save a machine's display as a PNG file",
-        description="Save the current picture of a machine's display as a PNG file.",
-    )
-    screenshot.add_arguments(parser)
-    add_client_flags(parser, on_verb=True)
-    parser.set_defaults(func=screenshot.main)
-    parser = verbs.add_parser(
-        "web",
-        help="open a machine's console and display in the browser (a page on localhost)",
-        description="Serve the console and VNC page on a local port; its connections use "
-        "your kubeconfig's credentials, which the browser never sees.",
-    )
-    web.add_arguments(parser)
-    add_client_flags(parser, on_verb=True)
-    parser.set_defaults(func=web.main)
+    for name, module, summary, description in VERBS:
+        parser = verbs.add_parser(name, help=summary, description=description)
+        module.add_arguments(parser)
+        add_client_flags(parser, on_verb=True)
+        parser.set_defaults(func=module.main)
