@@ -116,6 +116,8 @@ class SessionSpec:
     """Largest WebSocket message accepted from a client."""
     screenshot_timeout: float = 10.0
     """Seconds a VNC server has, once dialed, to deliver a screenshot before 504."""
+    backend_write_timeout: float = 30.0
+    """Seconds a write may wait on a backend that takes no byte before the session ends (1011)."""
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,14 @@ def _networks(
 
 
 def _session(data: Any) -> SessionSpec:
-    keys = {"pingInterval", "connectTimeout", "readSize", "maxMessage", "screenshotTimeout"}
+    keys = {
+        "pingInterval",
+        "connectTimeout",
+        "readSize",
+        "maxMessage",
+        "screenshotTimeout",
+        "backendWriteTimeout",
+    }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
     return SessionSpec(
@@ -271,6 +280,9 @@ def _session(data: Any) -> SessionSpec:
         max_message=int(_positive(doc.get("maxMessage", default.max_message), "maxMessage")),
         screenshot_timeout=_positive(
             doc.get("screenshotTimeout", default.screenshot_timeout), "screenshotTimeout"
+        ),
+        backend_write_timeout=_positive(
+            doc.get("backendWriteTimeout", default.backend_write_timeout), "backendWriteTimeout"
         ),
     )
 

@@ -10,18 +10,36 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import socket
+import struct
+from collections.abc import Callable
 from typing import Protocol
 
 from subres.backends.endpoint import Target
+from subres.protocol.channels import TerminalSize
 
-__all__ = ["BackendUnavailable", "ByteStream", "SocketStream", "dial"]
+__all__ = [
+    "BackendStalled",
+    "BackendUnavailable",
+    "ByteStream",
+    "Resizable",
+    "SocketStream",
+    "dial",
+    "exit_code",
+    "resizer",
+]
 
 CLOSE_GRACE = 5.0
 """Seconds a closing socket may take to flush before it is aborted."""
+_NO_LINGER = struct.pack("ii", 1, 0)
 
 
 class BackendUnavailable(Exception):
     """The backend could not be reached; the message says why."""
+
+
+class BackendStalled(ConnectionError):
+    """The backend took none of what was written to it for too long."""
 
 
 class ByteStream(Protocol):
@@ -44,20 +62,45 @@ class ByteStream(Protocol):
         ...
 
 
+class Resizable(Protocol):
+    """A backend with a window size (a PTY, an SSH session), told when the client's changes."""
+
+    def resize(self, size: TerminalSize) -> None:
+        """Queue the new size; it takes effect in the order sizes came."""
+        ...
+
+
+def resizer(backend: ByteStream) -> Callable[[TerminalSize], None] | None:
+    """The backend's `resize`, when it has one."""
+    resize = getattr(backend, "resize", None)
+    return resize if callable(resize) else None
+
+
+def exit_code(backend: ByteStream) -> int | None:
+    """What a backend that runs a command reports once its output ended (`exit_code`), if any."""
+    code = getattr(backend, "exit_code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
 class SocketStream(asyncio.Protocol):
     """A `ByteStream` over a TCP or unix socket, as a lean asyncio protocol.
 
     Chunks arrive as the transport read them (up to 256 KiB) and are handed out
     without copying; reading pauses while more than `high_water` bytes wait.
+    A reset reaches the reader as an error, not as an end; a write that stays
+    blocked for `write_timeout` seconds without the backend taking a byte
+    fails with `BackendStalled`.
     One object per connection instead of asyncio's reader, writer and protocol
     trio keeps an idle session small.
     """
 
     __slots__ = (
+        "_abandoned",
         "_chunks",
         "_closed",
         "_drained",
         "_eof",
+        "_error",
         "_high_water",
         "_lost",
         "_read_paused",
@@ -65,20 +108,24 @@ class SocketStream(asyncio.Protocol):
         "_size",
         "_transport",
         "_write_paused",
+        "_write_timeout",
     )
 
-    def __init__(self, high_water: int) -> None:
+    def __init__(self, *, high_water: int, write_timeout: float) -> None:
         self._high_water = high_water
+        self._write_timeout = write_timeout
         self._transport: asyncio.Transport | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._eof = False
+        self._error: Exception | None = None
         self._read_paused = False
         self._write_paused = False
         self._readable: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] | None = None
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed = False
+        self._abandoned = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport."""
@@ -101,8 +148,9 @@ class SocketStream(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """The socket is gone: wake every waiter."""
+        """The socket is gone (`exc` when it broke): wake every waiter."""
         self._eof = True
+        self._error = exc
         _wake(self._readable)
         _wake(self._drained)
         _wake(self._lost)
@@ -117,8 +165,10 @@ class SocketStream(asyncio.Protocol):
         _wake(self._drained)
 
     async def read(self) -> bytes:
-        """The next chunk; b"" at EOF or when the connection was reset."""
+        """The next chunk; b"" at EOF; the error once what came before it is read."""
         while not self._chunks:
+            if self._error is not None:
+                raise self._error
             if self._eof:
                 return b""
             self._readable = asyncio.get_running_loop().create_future()
@@ -135,11 +185,26 @@ class SocketStream(asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError("backend connection is closed")
         self._transport.write(data)
+        await self._drain(self._transport)
+
+    async def _drain(self, transport: asyncio.Transport) -> None:
+        """Wait while the buffer is above its high-water mark and the backend takes bytes."""
         while self._write_paused and not self._lost.done():
+            queued = transport.get_write_buffer_size()
             self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+            try:
+                async with asyncio.timeout(self._write_timeout):
+                    await self._drained
+            except TimeoutError:
+                if transport.get_write_buffer_size() >= queued:
+                    self._abandoned = True
+                    message = f"the backend took no data for {self._write_timeout:g}s"
+                    raise BackendStalled(message) from None
+            except asyncio.CancelledError:
+                self._abandoned = True  # the session ended while the backend held us up
+                raise
         if self._lost.done():
-            raise ConnectionResetError("backend connection lost")
+            raise self._error or ConnectionResetError("backend connection lost")
 
     async def write_eof(self) -> None:
         """Shut down the sending side, if the transport can."""
@@ -149,19 +214,39 @@ class SocketStream(asyncio.Protocol):
                 transport.write_eof()
 
     async def close(self) -> None:
-        """Close after flushing what is queued, or abort if the peer does not take it."""
+        """Close after flushing what is queued, or abort if the peer does not take it.
+
+        A backend that held a write up until the session ended is aborted at
+        once: waiting for it to take the rest would only keep the socket.
+        """
         if self._transport is None or self._closed:
             return
         self._closed = True
+        if self._abandoned:
+            _reset(self._transport)
+            return
         self._transport.close()
         try:
             async with asyncio.timeout(CLOSE_GRACE):
                 await asyncio.shield(self._lost)
         except TimeoutError:
-            self._transport.abort()
+            _reset(self._transport)
         except asyncio.CancelledError:
-            self._transport.abort()
+            _reset(self._transport)
             raise
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Drop the connection with a TCP reset.
+
+    A plain close would leave the kernel trying to deliver what the backend
+    does not take (its buffers held for minutes); a zero linger resets it.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+    transport.abort()
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:
@@ -169,13 +254,15 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
         waiter.set_result(None)
 
 
-async def dial(target: Target, *, connect_timeout: float, read_size: int) -> SocketStream:
+async def dial(
+    target: Target, *, connect_timeout: float, read_size: int, write_timeout: float
+) -> SocketStream:
     """Connect to a vetted target within `connect_timeout` seconds."""
     ep = target.endpoint
     loop = asyncio.get_running_loop()
 
     def protocol() -> SocketStream:
-        return SocketStream(high_water=4 * read_size)
+        return SocketStream(high_water=4 * read_size, write_timeout=write_timeout)
 
     try:
         async with asyncio.timeout(connect_timeout):

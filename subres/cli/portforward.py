@@ -34,10 +34,11 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.typing import Subprotocol
 
-from subres.cli import kubeconfig, spdy, terminal
+from subres.cli import carriers, kubeconfig, terminal
 from subres.cli.kubeconfig import ClientConfig
-from subres.protocol import portforward as pairs
-from subres.protocol.spdy import SpdyError
+from subres.engine.spdy import Carrier, SpdySession, SpdyStream
+from subres.protocol import portforward_spdy as pairs
+from subres.protocol.spdy import Role, SpdyError
 
 __all__ = [
     "DEFAULT_GROUP_VERSION",
@@ -65,6 +66,8 @@ SUBPROTOCOL = "plain.kubevirt.io"
 READ_SIZE = 65536
 MAX_MESSAGE = 4 * 1024 * 1024
 OPEN_TIMEOUT = 30.0
+PING_INTERVAL = 5.0
+"""client-go's SPDY ping period; three silent periods end the session."""
 HALF_CLOSE_TIMEOUT = 60.0
 """After our close frame, seconds the remote side may keep replying."""
 UDP_QUEUE = 256
@@ -310,7 +313,7 @@ class SpdyLink:
     """A `Link` over a port-forward stream pair: bytes on `data`, the server's
     complaints (plain text) on `error`."""
 
-    def __init__(self, error: spdy.ClientStream, data: spdy.ClientStream) -> None:
+    def __init__(self, error: SpdyStream, data: SpdyStream) -> None:
         self._error = error
         self._data = data
         self._complaint = asyncio.create_task(_complaint(error, data))
@@ -329,7 +332,7 @@ class SpdyLink:
         return None
 
     async def half_close(self) -> None:
-        self._data.end()
+        await self._data.write_eof()
 
     async def close(self) -> None:
         self._complaint.cancel()
@@ -338,7 +341,7 @@ class SpdyLink:
         self._data.reset()
 
 
-async def _complaint(error: spdy.ClientStream, data: spdy.ClientStream) -> str:
+async def _complaint(error: SpdyStream, data: SpdyStream) -> str:
     """Everything the server writes on `error`; a complaint also ends `data`."""
     text = b""
     while len(text) < MAX_COMPLAINT and (chunk := await error.read()):
@@ -360,7 +363,7 @@ class SpdyTransport:
     def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
         self._config = config
         self._base = object_url(config, group_version=group_version, target=target, websocket=False)
-        self._client: spdy.SpdyClient | None = None
+        self._client: SpdySession | None = None
         self._dialing = asyncio.Lock()
         self._request_ids = itertools.count()
 
@@ -372,7 +375,7 @@ class SpdyTransport:
         }
         try:
             error = client.open_stream({pairs.STREAM_TYPE_HEADER: pairs.ERROR, **common})
-            error.end()  # we never write on it, as client-go
+            await error.write_eof()  # we never write on it, as client-go
             data = client.open_stream({pairs.STREAM_TYPE_HEADER: pairs.DATA, **common})
         except SpdyError as exc:
             raise ForwardError(f"cannot open a stream: {exc}") from None
@@ -390,24 +393,27 @@ class SpdyTransport:
         if self._client is not None:
             await self._client.close()
 
-    async def _session(self) -> spdy.SpdyClient:
+    async def _session(self) -> SpdySession:
         async with self._dialing:
             if self._client is None or not self._client.usable:
-                self._client = spdy.SpdyClient(await self._dial())
+                self._client = SpdySession(
+                    await self._dial(), role=Role.CLIENT, ping_interval=PING_INTERVAL
+                )
+                self._client.start()
             return self._client
 
-    async def _dial(self) -> spdy.Carrier:
+    async def _dial(self) -> Carrier:
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
                 return await self._upgrade(f"{self._base}/portforward")
-        except spdy.UpgradeRefused as exc:
+        except carriers.UpgradeRefused as exc:
             raise ForwardError(status_message(exc.body, exc.status)) from None
         except (OSError, TimeoutError) as exc:
             raise ForwardError(f"cannot connect to {self._config.server}: {exc}") from None
 
-    async def _upgrade(self, url: str) -> spdy.Carrier:
+    async def _upgrade(self, url: str) -> Carrier:
         c = self._config
-        return await spdy.upgrade(
+        return await carriers.upgrade(
             url,
             protocol=pairs.PROTOCOL,
             headers=c.headers,
@@ -419,9 +425,9 @@ class SpdyTransport:
 class TunnelTransport(SpdyTransport):
     """The same stream pairs, the SPDY bytes in one WebSocket (`SPDY/3.1+portforward.k8s.io`)."""
 
-    async def _upgrade(self, url: str) -> spdy.Carrier:
+    async def _upgrade(self, url: str) -> Carrier:
         c = self._config
-        return await spdy.tunnel(
+        return await carriers.tunnel(
             url,
             subprotocol=pairs.TUNNEL_PROTOCOL,
             headers=c.headers,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["REASONS", "StatusError", "failure", "success"]
+__all__ = ["REASONS", "StatusError", "exited", "failure", "success"]
 
 REASONS = {
     400: "BadRequest",
@@ -14,6 +15,7 @@ REASONS = {
     405: "MethodNotAllowed",
     406: "NotAcceptable",
     409: "Conflict",
+    426: "UpgradeRequired",
     429: "TooManyRequests",
     500: "InternalError",
     503: "ServiceUnavailable",
@@ -31,12 +33,15 @@ class StatusError(Exception):
         *,
         reason: str | None = None,
         details: dict[str, Any] | None = None,
+        headers: Sequence[tuple[str, str]] = (),
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.reason = reason or REASONS.get(code, "Unknown")
         self.details = details
+        self.headers = tuple(headers)
+        """Extra response headers (name, value); a name may repeat."""
 
     def to_dict(self) -> dict[str, Any]:
         """The `Status` object for this error."""
@@ -64,3 +69,23 @@ def failure(
 def success() -> dict[str, Any]:
     """A `Status` with `status: Success`, as remote-command error channels send."""
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
+
+def exited(code: int | None) -> dict[str, Any]:
+    """How a remote command's end is reported, as kubelet reports an exec's exit status.
+
+    0 or unknown (None) is Success; anything else a Failure with reason
+    `NonZeroExitCode` and the code as the `ExitCode` cause, which clients
+    such as kubectl turn into their own exit code.
+    """
+    if not code:
+        return success()
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"command terminated with non-zero exit code: exit code {code}",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+    }

@@ -19,8 +19,8 @@ from subres.auth.authn import Credentials, Unauthenticated
 from subres.auth.user import UserInfo
 from subres.kube.status import StatusError
 from subres.protocol import channels
+from subres.server.handshake import offered_subprotocols
 from subres.server.state import State
-from subres.server.streaming import offered_subprotocols
 from subres.server.tls import peer_certificate
 
 __all__ = ["USER", "errors", "identity", "status_response"]
@@ -38,11 +38,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def status_response(error: StatusError) -> web.Response:
     """The HTTP answer for `error`."""
-    return web.Response(
+    response = web.Response(
         status=error.code,
         body=json.dumps(error.to_dict()).encode(),
         content_type="application/json",
     )
+    for name, value in error.headers:
+        response.headers.add(name, value)
+    return response
 
 
 @web.middleware

@@ -12,8 +12,8 @@ from aiohttp import hdrs, web
 
 from subres.kube.status import StatusError
 from subres.server import portforward_spdy, portforward_ws
+from subres.server.handshake import offered_subprotocols
 from subres.server.state import State
-from subres.server.streaming import offered_subprotocols
 
 __all__ = ["TUNNEL_PROTOCOL", "handle", "handle_port"]
 

@@ -1,7 +1,7 @@
 """Kubernetes port-forward over SPDY/3.1 (`portforward.k8s.io`), direct or tunnelled in a WebSocket.
 
 The machine is resolved before any upgrade (404/409 stay HTTP Status). After
-it, kubelet's stream-pair protocol (`protocol.portforward`) runs on a
+it, kubelet's stream-pair protocol (`protocol.portforward_spdy`) runs on a
 `SpdySession`: every completed error/data pair is one forwarded connection to
 a port the machine allows, pumped with half-close both ways. A pair that
 fails (port not allowed, dial error, pairing timeout) gets a plain-text
@@ -19,15 +19,17 @@ from typing import Any
 
 from aiohttp import web
 
+from subres.engine.spdy import Carrier, SpdySession, SpdyStream
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
-from subres.protocol import portforward as pairs
-from subres.server import middleware, subresource
+from subres.protocol import portforward_spdy as pairs
+from subres.protocol.spdy import Role
+from subres.server import handshake, session, subresource
 from subres.server.state import State
 from subres.server.subresource import Target
 from subres.streams import upgrade
-from subres.streams.pump import Ending, pump
-from subres.streams.spdy import SpdySession, SpdyStream, WebSocketCarrier
+from subres.streams.pump import Ending, Outcome, Traffic, pump
+from subres.streams.tunnel import WebSocketCarrier
 
 __all__ = ["PAIRING_TIMEOUT", "handle_spdy", "handle_tunnel", "refusal"]
 
@@ -45,61 +47,55 @@ async def handle_spdy(state: State, request: web.Request) -> web.StreamResponse:
             request.headers.getall(httpstream.VERSION_HEADER, None), (pairs.PROTOCOL,)
         )
     except httpstream.HandshakeRefused as exc:
-        return refusal(exc)
+        raise refusal(exc) from None
     response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
-    await _serve(
-        state, target, SpdySession(socket, ping_interval=state.config.session.ping_interval)
-    )
+    await _serve(state, request, target, socket, dialect=f"spdy/{protocol}")
     return response
 
 
 async def handle_tunnel(state: State, request: web.Request) -> web.StreamResponse:
     """A WebSocket offering `SPDY/3.1+portforward.k8s.io`: SPDY in binary messages."""
     target = subresource.resolve(state, request, "portforward")
-    session = state.config.session
-    ws = web.WebSocketResponse(
-        protocols=(pairs.TUNNEL_PROTOCOL,),
-        compress=False,
-        heartbeat=session.ping_interval,
-        max_msg_size=session.max_message,
+    ws = handshake.websocket_response(
+        state, request, what="portforward", subprotocol=pairs.TUNNEL_PROTOCOL
     )
-    if not ws.can_prepare(request).ok:
-        raise StatusError(400, "malformed WebSocket upgrade request for portforward")
     await ws.prepare(request)
-    await _serve(state, target, SpdySession(WebSocketCarrier(ws)))
+    await _serve(state, request, target, WebSocketCarrier(ws), dialect=pairs.TUNNEL_PROTOCOL)
     return ws
 
 
-def refusal(exc: httpstream.HandshakeRefused) -> web.Response:
-    """The Status answer to a refused SPDY handshake, listing what we accept on a 403."""
-    response = middleware.status_response(StatusError(exc.code, exc.message))
-    for protocol in exc.accepted:
-        response.headers.add(httpstream.ACCEPTED_HEADER, protocol)
-    return response
+def refusal(exc: httpstream.HandshakeRefused) -> StatusError:
+    """The Status for a refused SPDY handshake, listing what we accept on a 403."""
+    accepted = [(httpstream.ACCEPTED_HEADER, protocol) for protocol in exc.accepted]
+    return StatusError(exc.code, exc.message, headers=accepted)
 
 
-async def _serve(state: State, target: Target, session: SpdySession) -> None:
-    forwarder = _Forwarder(state, target, session)
-    state.sessions.start(None, session)
-    try:
-        async with session:
-            await forwarder.run()
-    finally:
-        state.sessions.end(None, session)
+async def _serve(
+    state: State, request: web.Request, target: Target, carrier: Carrier, *, dialect: str
+) -> None:
+    spdy = SpdySession(carrier, role=Role.SERVER, ping_interval=state.config.session.ping_interval)
+    async with (
+        spdy,
+        session.live(state, request, target=target, dialect=dialect, client=spdy) as live,
+    ):
+        await live.run(_Forwarder(state, target, spdy, live.record.traffic).run())
 
 
 class _Forwarder:
     """The pairs of one connection: waiting streams, pairing deadlines, forwarding tasks."""
 
-    def __init__(self, state: State, target: Target, session: SpdySession) -> None:
+    def __init__(
+        self, state: State, target: Target, session: SpdySession, traffic: Traffic
+    ) -> None:
         self.state = state
         self.target = target
         self.session = session
+        self.traffic = traffic
         self.pairing = pairs.Pairing(timeout=PAIRING_TIMEOUT)
         self.waiting: dict[int, SpdyStream] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def run(self) -> None:
+    async def run(self) -> Outcome:
         """Accept streams until the session ends, then wait for the forwards to finish."""
         try:
             while (stream := await self._next()) is not None:
@@ -110,6 +106,7 @@ class _Forwarder:
             if self.tasks:
                 # Every stream is gone with the session, so the pumps end promptly.
                 await asyncio.wait(self.tasks)
+        return Outcome(Ending.CLIENT, "the client ended the connection")
 
     async def _next(self) -> SpdyStream | None:
         loop = asyncio.get_running_loop()
@@ -155,28 +152,24 @@ class _Forwarder:
             await stream.close()
 
     async def _forward(self, error: SpdyStream, data: SpdyStream, port: int) -> None:
-        name = self.target.spec.name
         try:
             url = subresource.forward_url(self.target, port)
             backend = await subresource.connect(self.state, self.target, url)
         except StatusError as exc:
-            message = f"error forwarding port {port} to {self.target.describe()}: {exc.message}"
-            log.info("%s", message)
-            await _tell(error, message)
+            log.info("port-forward: %s", exc.message)
+            await _tell(error, f"error forwarding port {port}: {exc.message}")
             await error.close()
             await data.close()
             return
-        ending = Ending.ERROR
-        active = self.state.metrics.sessions_active.labels(name)
-        active.inc()
         try:
-            ending = await pump(data, backend)
+            outcome = await pump(data, backend, self.traffic)
+            if outcome.ending is Ending.ERROR:
+                where = self.target.describe()
+                await _tell(error, f"error forwarding port {port}: {where}: {outcome.reason}")
         finally:
-            active.dec()
             await backend.close()
             await error.close()
             await data.close()
-            self.state.metrics.sessions.labels(name, ending.value).inc()
 
 
 async def _tell(error: SpdyStream, message: str) -> None:

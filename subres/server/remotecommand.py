@@ -7,10 +7,11 @@ we, and client-go settles on v4.
 
 The client opens streams named by their `streamtype` header: `error`, then
 `stdin`, `stdout`, (`stderr`), `resize`, waiting for each reply. stdin goes
-to the backend, the backend's output to stdout; resize messages are parsed
-and dropped (a serial line has no size). When the backend closes: stdout
-ends, v4 reports a Success `Status` on the error stream, and the session
-closes cleanly. One console per machine: a newer session takes over.
+to the backend, the backend's output to stdout; window sizes go to a backend
+that takes them (a serial line has no size). When the backend closes: stdout
+ends, v4 reports its exit status on the error stream (a Success `Status`
+unless it ran a command that failed), and the session closes cleanly. One
+console per machine: a newer session takes over.
 """
 
 from __future__ import annotations
@@ -18,20 +19,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
+from subres.backends import stream as backends
 from subres.backends.stream import ByteStream
-from subres.kube.status import failure, success
+from subres.engine.spdy import SpdySession, SpdyStream
+from subres.kube.status import exited, failure
 from subres.protocol import channels, httpstream
-from subres.protocol.channels import ChannelError
-from subres.server import portforward_spdy, subresource
+from subres.protocol.channels import ChannelError, TerminalSize
+from subres.protocol.spdy import Role
+from subres.server import portforward_spdy, session, subresource
 from subres.server.state import State
-from subres.server.subresource import Target
 from subres.streams import upgrade
-from subres.streams.pump import Ending, pump
-from subres.streams.sessions import SessionKey
-from subres.streams.spdy import SpdySession, SpdyStream
+from subres.streams.pump import Outcome, Traffic, pump
 from subres.streams.websocket import CloseCode
 
 __all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "handle"]
@@ -54,34 +56,41 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
             request.headers.getall(httpstream.VERSION_HEADER, None), PROTOCOLS
         )
     except httpstream.HandshakeRefused as exc:
-        return portforward_spdy.refusal(exc)
+        raise portforward_spdy.refusal(exc) from None
     backend = await subresource.connect(state, target, url)
-    ending = Ending.ERROR
     try:
         response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
-        session = SpdySession(socket, ping_interval=state.config.session.ping_interval)
-        async with session:
-            ending = await _serve(state, target, RemoteCommandClient(session, protocol), backend)
+        spdy = SpdySession(
+            socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
+        )
+        client = RemoteCommandClient(
+            spdy,
+            protocol,
+            on_resize=backends.resizer(backend),
+            exit_code=lambda: backends.exit_code(backend),
+        )
+        async with (
+            spdy,
+            session.live(
+                state,
+                request,
+                target=target,
+                dialect=f"spdy/{protocol}",
+                client=client,
+                exclusive=True,
+            ) as live,
+        ):
+            await live.run(_serve(client, backend, live.record.traffic))
     finally:
         await backend.close()
-        state.metrics.sessions.labels(target.spec.name, ending.value).inc()
-        log.info("console of %s over SPDY ended by %s", target.describe(), ending.value)
     return response
 
 
-async def _serve(
-    state: State, target: Target, client: RemoteCommandClient, backend: ByteStream
-) -> Ending:
-    key = SessionKey(target.spec.name, target.namespace, target.name)
-    active = state.metrics.sessions_active.labels(target.spec.name)
+async def _serve(client: RemoteCommandClient, backend: ByteStream, traffic: Traffic) -> Outcome:
     accepting = asyncio.create_task(client.accept_streams())
-    state.sessions.start(key, client)
-    active.inc()
     try:
-        return await pump(client, backend)
+        return await pump(client, backend, traffic)
     finally:
-        active.dec()
-        state.sessions.end(key, client)
         await client.session.close()
         await asyncio.wait([accepting])
 
@@ -89,9 +98,18 @@ async def _serve(
 class RemoteCommandClient:
     """The client side of a console session over SPDY streams: a `ClientStream`."""
 
-    def __init__(self, session: SpdySession, protocol: str) -> None:
+    def __init__(
+        self,
+        session: SpdySession,
+        protocol: str,
+        *,
+        on_resize: Callable[[TerminalSize], None] | None = None,
+        exit_code: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.session = session
         self.protocol = protocol
+        self._on_resize = on_resize
+        self._exit_code = exit_code
         self.streams: dict[str, SpdyStream] = {}
         self._arrived = asyncio.Event()
         self._done = False
@@ -115,7 +133,7 @@ class RemoteCommandClient:
                 self.streams[kind] = stream
                 self._arrived.set()
                 if kind == "resize":
-                    resizing.add(asyncio.create_task(_drain_resizes(stream)))
+                    resizing.add(asyncio.create_task(self._resizes(stream)))
         finally:
             self._arrived.set()
             if resizing:
@@ -158,7 +176,7 @@ class RemoteCommandClient:
         for kind in ("stdout", "stderr"):
             if kind in self.streams:
                 await self.streams[kind].write_eof()
-        await self._finish(json.dumps(success()) if self.protocol == V4 else "")
+        await self._finish(json.dumps(exited(self._exit_code())) if self.protocol == V4 else "")
 
     async def abort(self, reason: str) -> None:
         """Report `reason` as a failure on the error stream and finish."""
@@ -192,12 +210,14 @@ class RemoteCommandClient:
             await stream.close()
         self._arrived.set()
 
-
-async def _drain_resizes(stream: SpdyStream) -> None:
-    while data := await stream.read():
-        try:
-            sizes = channels.parse_resize(data)
-        except ChannelError as exc:
-            log.debug("ignoring resize: %s", exc)
-            continue
-        log.debug("console resized to %s", sizes)
+    async def _resizes(self, stream: SpdyStream) -> None:
+        """Window sizes, one JSON object after another, to the backend when it takes them."""
+        while data := await stream.read():
+            try:
+                sizes = channels.parse_resize(data)
+            except ChannelError as exc:
+                log.debug("ignoring resize: %s", exc)
+                continue
+            if self._on_resize is not None:
+                for size in sizes:
+                    self._on_resize(size)

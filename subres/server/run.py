@@ -86,6 +86,9 @@ class Server:
             application.build(self.state),
             handle_signals=False,
             shutdown_timeout=self.options.shutdown_grace,
+            # A lost client connection cancels its handler: a session whose
+            # client vanished ends even while its backend blocks (`session.Live.run`).
+            handler_cancellation=True,
         )
         await self.runner.setup()
         site = web.TCPSite(

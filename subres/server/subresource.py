@@ -14,13 +14,23 @@ from typing import Any
 
 from aiohttp import web
 
+from subres.backends import datagram
 from subres.backends import endpoint as endpoints
-from subres.backends.stream import BackendUnavailable, ByteStream, dial
+from subres.backends import stream as sockets
+from subres.backends.stream import BackendUnavailable, ByteStream
 from subres.config import ParentSpec, SubresourceSpec, field_value
 from subres.kube.status import StatusError
 from subres.server.state import State
 
-__all__ = ["Target", "connect", "endpoint_url", "forward_url", "resolve"]
+__all__ = [
+    "Target",
+    "connect",
+    "dial",
+    "endpoint_url",
+    "forward_url",
+    "resolve",
+    "vet",
+]
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,10 @@ def endpoint_url(target: Target) -> str:
 
 
 def forward_url(target: Target, port: int, protocol: str = "tcp") -> str:
-    """The backend URL for port `port` of the parent (403 when the port is not allowed)."""
+    """The `tcp://` URL of port `port` of the parent (403 when it is not allowed for `protocol`).
+
+    The endpoint policy vets this URL for udp too: it is about the address.
+    """
     address = field_value(target.obj, target.spec.address)
     allowed = field_value(target.obj, target.spec.ports) or []
     if not isinstance(address, str) or not address:
@@ -96,25 +109,39 @@ def forward_url(target: Target, port: int, protocol: str = "tcp") -> str:
             403, f"{target.describe()} does not allow forwarding to {protocol} port {port}"
         )
     host = f"[{address}]" if ":" in address else address
-    return f"{protocol}://{host}:{port}"
+    return f"tcp://{host}:{port}"
 
 
-async def connect(state: State, target: Target, url: str) -> ByteStream:
-    """Vet `url` against the endpoint policy and dial it within the connect timeout."""
+async def vet(state: State, target: Target, url: str) -> endpoints.Target:
+    """`url` parsed and checked by the endpoint policy (400/403/503 otherwise)."""
     try:
-        checked = await endpoints.check(endpoints.parse(url), state.config.policy)
+        return await endpoints.check(endpoints.parse(url), state.config.policy)
     except endpoints.EndpointError as exc:
         raise StatusError(exc.code, f"{target.describe()}: {exc}") from None
+
+
+async def dial(
+    state: State, target: Target, vetted: endpoints.Target, *, protocol: str = "tcp"
+) -> ByteStream:
+    """Connect to a vetted endpoint within the connect timeout (503 Status otherwise)."""
     session = state.config.session
     started = time.monotonic()
     try:
-        stream = await dial(
-            checked, connect_timeout=session.connect_timeout, read_size=session.read_size
+        if protocol == "udp":
+            return await datagram.dial(vetted)
+        return await sockets.dial(
+            vetted,
+            connect_timeout=session.connect_timeout,
+            read_size=session.read_size,
+            write_timeout=session.backend_write_timeout,
         )
     except BackendUnavailable as exc:
-        raise StatusError(
-            503, f"{target.describe()}: {target.spec.name} unavailable: {exc}"
-        ) from None
+        message = f"{target.describe()}: {target.spec.name} unavailable: {exc}"
+        raise StatusError(503, message) from None
     finally:
         state.metrics.dial_seconds.labels(target.spec.name).observe(time.monotonic() - started)
-    return stream
+
+
+async def connect(state: State, target: Target, url: str, *, protocol: str = "tcp") -> ByteStream:
+    """Vet `url` against the endpoint policy, then dial it: the one way to a backend."""
+    return await dial(state, target, await vet(state, target, url), protocol=protocol)

@@ -3,7 +3,10 @@
 Backpressure comes from awaiting each write before the next read. The
 backend's EOF ends the session (the client is told with `write_eof`); the
 client going away ends it too; a client half-close reaches the backend as EOF
-while replies keep flowing back.
+while replies keep flowing back. A backend that fails (a reset, a write that
+makes no progress) ends the session with the client told why (`abort`).
+Whichever side ends first, the other direction is stopped however blocked it
+is: a client that vanished never leaves a session waiting on its backend.
 """
 
 from __future__ import annotations
@@ -11,13 +14,18 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Protocol
 
 from subres.backends.stream import ByteStream
 
-__all__ = ["ClientStream", "Ending", "pump"]
+__all__ = ["END_GRACE", "ClientStream", "Ending", "Outcome", "Traffic", "pump"]
 
 log = logging.getLogger(__name__)
+
+END_GRACE = 10.0
+"""After the backend ended, seconds the client may take to see it before its side is cut."""
 
 
 class ClientStream(ByteStream, Protocol):
@@ -45,43 +53,100 @@ class Ending(enum.Enum):
     ERROR = "error"
 
 
-async def pump(client: ClientStream, backend: ByteStream) -> Ending:
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a session ended, and why in words."""
+
+    ending: Ending
+    reason: str
+
+
+@dataclass(slots=True)
+class Traffic:
+    """Bytes relayed so far; several pumps of one session may share it."""
+
+    up: int = 0
+    """From the client to the backend."""
+    down: int = 0
+    """From the backend to the client."""
+
+
+class _BackendFailed(Exception):
+    """The backend failed while the pump used it; the message says how."""
+
+
+async def pump(client: ClientStream, backend: ByteStream, traffic: Traffic) -> Outcome:
     """Copy both ways until the session ends; the caller closes the backend."""
-    down = asyncio.create_task(_down(backend, client))
+    up = asyncio.create_task(_up(client, backend, traffic))
+    down = asyncio.create_task(_down(backend, client, traffic))
     try:
-        await _up(client, backend)
-    except (OSError, RuntimeError) as exc:
-        log.info("backend write failed: %s", exc)
-        await client.abort(f"backend connection failed: {exc}")
-        return Ending.ERROR
+        done, _ = await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
+        if down in done and down.result().ending is Ending.BACKEND:
+            # The client was told; its side ends once it has seen that.
+            await asyncio.wait([up], timeout=END_GRACE)
+        outcome = _outcome(up, down)
+        if outcome.ending is Ending.ERROR:
+            log.info("%s", outcome.reason)
+            await client.abort(outcome.reason)
+        return outcome
     finally:
-        down.cancel()
-        # wait() never raises the child's cancellation, only our own.
-        await asyncio.wait([down])
-    return Ending.CLIENT if down.cancelled() else down.result()
+        for task in (up, down):
+            task.cancel()
+        # wait() never raises the children's cancellation, only our own.
+        await asyncio.wait([up, down])
 
 
-async def _up(client: ClientStream, backend: ByteStream) -> None:
+def _outcome(up: asyncio.Task[None], down: asyncio.Task[Outcome]) -> Outcome:
+    if down.done():
+        return down.result()
+    if up.done() and (error := up.exception()) is not None:
+        return Outcome(Ending.ERROR, str(error))
+    return Outcome(Ending.CLIENT, "the client went away")
+
+
+async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> None:
     eof_sent = False
     while True:
         chunk = await client.read()
         if chunk:
             if not eof_sent:
-                await backend.write(chunk)
+                await _to_backend(backend.write(chunk))
+                traffic.up += len(chunk)
         elif client.gone:
             return
         elif not eof_sent:
-            await backend.write_eof()
+            await _to_backend(backend.write_eof())
             eof_sent = True
 
 
-async def _down(backend: ByteStream, client: ClientStream) -> Ending:
+async def _to_backend(write: Awaitable[None]) -> None:
     try:
-        while chunk := await backend.read():
-            await client.write(chunk)
+        await write
     except (OSError, RuntimeError) as exc:
-        # Writing to a client that vanished: its reader sees the loss and ends the session.
-        log.debug("client write failed: %s", exc)
-        return Ending.CLIENT
+        raise _BackendFailed(f"backend connection failed: {_why(exc)}") from None
+
+
+async def _down(backend: ByteStream, client: ClientStream, traffic: Traffic) -> Outcome:
+    while True:
+        try:
+            chunk = await backend.read()
+        except (OSError, RuntimeError) as exc:
+            return Outcome(Ending.ERROR, f"backend connection failed: {_why(exc)}")
+        if not chunk:
+            break
+        try:
+            await client.write(chunk)
+        except (OSError, RuntimeError) as exc:
+            # The client vanished: nobody is left to tell.
+            log.debug("client write failed: %s", exc)
+            return Outcome(Ending.CLIENT, "the client went away")
+        traffic.down += len(chunk)
     await client.write_eof()
-    return Ending.BACKEND
+    return Outcome(Ending.BACKEND, "the backend closed the connection")
+
+
+def _why(exc: BaseException) -> str:
+    """An OS error as its reason (`Connection reset by peer`), anything else as its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

@@ -1,8 +1,8 @@
 """Live sessions: one interactive session per machine and subresource, and shutdown.
 
 A second console on the same machine takes over: the first client gets a
-close frame saying so. On shutdown every live session is told the server is
-going away.
+close frame saying so and naming who took over. On shutdown every live
+session is told the server is going away.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class Sessions:
         """True while an exclusive session holds `key`."""
         return key in self.exclusive
 
-    def start(self, key: SessionKey | None, session: Closable) -> None:
-        """Register `session`; an exclusive one closes its predecessor with a reason.
+    async def start(self, key: SessionKey | None, session: Closable, *, holder: str) -> None:
+        """Register `session`; an exclusive one closes its predecessor, naming `holder`.
 
         The predecessor closes in the background: its client may be slow to
         answer the close frame, and the new session must not wait for it.
@@ -62,7 +62,7 @@ class Sessions:
         previous = self.exclusive.get(key)
         self.exclusive[key] = session
         if previous is not None:
-            reason = f"{key} taken over by another session"
+            reason = f"{key} taken over by {holder}"
             task = asyncio.create_task(previous.close(CloseCode.TAKEN_OVER, reason))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from aiohttp import WSMsgType, web
 
-from subres.kube.status import success
+from subres.kube.status import exited
 from subres.protocol import channels
 from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing, TerminalSize
 
@@ -80,7 +80,7 @@ class CloseCode:
 class WebSocketClient:
     """A `ClientStream` over a prepared `WebSocketResponse`."""
 
-    __slots__ = ("_gone", "_on_resize", "dialect", "ws")
+    __slots__ = ("_exit_code", "_gone", "_on_resize", "dialect", "ws")
 
     def __init__(
         self,
@@ -88,16 +88,23 @@ class WebSocketClient:
         dialect: Dialect,
         *,
         on_resize: Callable[[TerminalSize], None] | None = None,
+        exit_code: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.ws = ws
         self.dialect = dialect
         self._on_resize = on_resize
+        self._exit_code = exit_code
         self._gone = False
 
     @property
     def gone(self) -> bool:
         """True once the WebSocket is closing or closed."""
         return self._gone or self.ws.closed
+
+    @property
+    def close_code(self) -> int | None:
+        """The close code sent or received, once the WebSocket closed."""
+        return self.ws.close_code
 
     async def hello(self) -> None:
         """Tell channel clients the stream is up: an empty message on stdout, as kubelet does."""
@@ -149,9 +156,9 @@ class WebSocketClient:
         await self._send(channels.encode(self.dialect, channels.STDOUT, data))
 
     async def write_eof(self) -> None:
-        """The backend ended: report success on the error channel (v4+), then close 1000."""
+        """The backend ended: report its exit status on the error channel (v4+), then close 1000."""
         if self.dialect.status:
-            body = json.dumps(success(), separators=(",", ":")).encode()
+            body = json.dumps(exited(self._exit_code()), separators=(",", ":")).encode()
             await self._send(channels.encode(self.dialect, channels.ERROR, body))
         await self.close(CloseCode.NORMAL, "the backend closed the connection")
 

@@ -138,7 +138,7 @@ def test_second_session_takes_over_the_first(demo: Demo, workdir: Path) -> None:
             ["--kubeconfig", demo.kubeconfig, "console", "demo"], home=workdir, stdin=b"exit\n"
         )
         assert second.returncode == 0, second.stderr
-        child.expect_exact(b"taken over by another session")
+        child.expect_exact(b"console of default/demo taken over by demo")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)

@@ -214,7 +214,7 @@ def test_piped_stdin_on_v4_waits_for_the_server(
 @pytest.mark.parametrize(
     ("code", "reason"),
     [
-        (4001, "console of ns1/m1 taken over by another session"),
+        (4001, "console of ns1/m1 taken over by bob"),
         (1001, "the server is shutting down"),
         (1011, "backend connection failed: reset"),
     ],

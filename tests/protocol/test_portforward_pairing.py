@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from subres.protocol import portforward as pf
+from subres.protocol import portforward_spdy as pf
 
 
 def headers(kind: str, port: str = "80", request_id: str | None = None) -> list[tuple[str, str]]:

@@ -194,7 +194,7 @@ async def test_dial_failure_goes_to_that_ports_error_channel(
         await recv_hello(ws, [DEAD_PORT, port])
         error = await asyncio.wait_for(ws.recv(), 5)
         assert isinstance(error, bytes) and error[0] == 1
-        assert error[1:].startswith(b"error forwarding port 1 to Machine default/vm1:")
+        assert error[1:].startswith(b"error forwarding port 1: Machine default/vm1:")
         await ws.send(b"\x02still works")
         assert await asyncio.wait_for(ws.recv(), 5) == b"\x02still works"
 

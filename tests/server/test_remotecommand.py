@@ -71,7 +71,7 @@ async def test_second_spdy_console_takes_over(
             await first.wait()
     assert second.code == 0 and second.stdout == b"hello"
     assert first.returncode == 1
-    assert "taken over by another session" in err.decode()
+    assert "console of default/vm1 taken over by alice" in err.decode()
 
 
 async def test_unsupported_protocols_get_403_listing_ours(subres: Standalone) -> None:

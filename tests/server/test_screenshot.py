@@ -55,7 +55,7 @@ async def direct_capture(path: Path) -> rfb.FramebufferCaptured:
     """Our RFB client straight on the socket, no subres in between."""
     policy = EndpointPolicySpec(socket_dirs=(str(path.parent),))
     target = await endpoint.check(endpoint.parse(f"unix://{path}"), policy)
-    stream = await dial(target, connect_timeout=5, read_size=65536)
+    stream = await dial(target, connect_timeout=5, read_size=65536, write_timeout=5)
     try:
         return await capture(stream, deadline=10)
     finally:

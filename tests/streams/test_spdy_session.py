@@ -122,8 +122,7 @@ async def test_disallowed_port_is_text_on_the_error_stream_then_both_end(
     data_id = await client.open(stream_headers("data", 9, "0"))
     message = await client.expect(DataReceived, stream_id=error_id)
     assert message.data == (
-        b"error forwarding port 9 to Machine default/vm1: "
-        b"Machine default/vm1 does not allow forwarding to tcp port 9"
+        b"error forwarding port 9: Machine default/vm1 does not allow forwarding to tcp port 9"
     )
     await client.expect(StreamEnded, stream_id=error_id)
     await client.expect(StreamEnded, stream_id=data_id)

@@ -65,6 +65,11 @@ class RawWebSocket:
         """True once nothing can flow either way."""
         return self._gone or self.ws.closed
 
+    @property
+    def close_code(self) -> int | None:
+        """The close code sent or received, once the WebSocket closed."""
+        return self.ws.close_code
+
     async def read(self) -> bytes:
         """The next message's bytes; b"" at the client's close frame, and again once it is gone."""
         if self._half_closed:
@@ -198,6 +203,11 @@ class ChannelMux:
         self.ws = ws
         self.dialect = dialect
         self.ports = [PortChannel(self, index, port) for index, port in enumerate(ports)]
+
+    @property
+    def close_code(self) -> int | None:
+        """The close code sent or received, once the WebSocket closed."""
+        return self.ws.close_code
 
     async def hello(self) -> None:
         """Name each port on its data and error channels, in kubelet's order."""

@@ -1,35 +1,37 @@
-"""SPDY/3.1 sessions over a byte carrier: the I/O half of `subres.protocol.spdy`.
+"""One asyncio SPDY/3.1 engine for both ends: the I/O half of `subres.protocol.spdy`.
 
-`SpdySession` drives a sans-I/O `SpdyConnection` over a carrier: the raw
-upgraded socket (`streams.upgrade`) or a WebSocket carrying tunnelled SPDY
-(`WebSocketCarrier`). Each stream the peer opens comes out of `accept()` as a
-`SpdyStream`, a `ClientStream` the pump can join to a backend, with reply,
-reset and half-close.
+`SpdySession` drives a sans-I/O `SpdyConnection` over a `Carrier` (an
+upgraded socket, or a WebSocket carrying tunnelled SPDY; the server and the
+CLI bring their own). Both ends run the same reader, writer, pinger and
+shutdown; they differ only in how a stream starts: the server `accept`s the
+streams the peer opened and replies to or resets each, the client
+`open_stream`s and waits for the reply.
 
 The Go peer (moby/spdystream) ignores flow-control windows, so backpressure is
-all ours: writers wait while more than `SEND_HIGH_WATER` bytes are queued, and
-the reader stops taking bytes from the carrier while that queue is high or a
-stream holds `STREAM_BUFFER` unread bytes. Order rules learnt from that peer:
-nothing is sent before its first frame (the codec queues nothing until then
-and pings start after it), no HEADERS frames, and GOAWAY is the last frame.
+all ours: writers wait while `SEND_HIGH_WATER` bytes are queued, and the
+reader stops taking bytes from the carrier while a stream holds
+`STREAM_BUFFER` unread bytes, or while the answers to the peer's own frames
+(pings, resets) pile up past `OUTPUT_LIMIT` because it reads none of them.
+Order rules learnt from that peer: a server sends nothing before the
+client's first frame (the codec queues nothing until then, and a server pings
+only after it), no HEADERS frames, and GOAWAY is the last frame.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from aiohttp import WSMsgType, web
-
 from subres.protocol.spdy import (
     ConnectionTerminated,
     DataReceived,
     Event,
+    GoAwayReceived,
     Headers,
+    HeadersLike,
     Limits,
     Role,
     RstStatus,
@@ -37,30 +39,39 @@ from subres.protocol.spdy import (
     SpdyError,
     StreamEnded,
     StreamOpened,
+    StreamReplied,
     StreamReset,
 )
-from subres.streams import upgrade
-from subres.streams.websocket import CloseCode, binary_queued
 
 __all__ = [
+    "FLUSH_TIMEOUT",
+    "OUTPUT_LIMIT",
     "SEND_HIGH_WATER",
     "STREAM_BUFFER",
+    "WRITE_CHUNK",
     "Carrier",
     "SpdySession",
     "SpdyStream",
-    "WebSocketCarrier",
 ]
 
 log = logging.getLogger(__name__)
 
-SEND_HIGH_WATER = 256 * 1024
-"""Bytes queued for the carrier before writers wait and the reader pauses."""
-STREAM_BUFFER = 256 * 1024
+SEND_HIGH_WATER = 1024 * 1024
+"""Bytes queued for the carrier before writers wait."""
+OUTPUT_LIMIT = 4 * SEND_HIGH_WATER
+"""Bytes queued for the carrier before the reader pauses too.
+
+Well above what writers queue (`SEND_HIGH_WATER` plus one write): pausing the
+reader for data we send would deadlock a peer that echoes, which stops
+reading while its own writes wait for us to read."""
+STREAM_BUFFER = 1024 * 1024
 """Unread bytes one stream may hold before the reader pauses the whole carrier."""
 WRITE_CHUNK = 256 * 1024
 """Most bytes handed to the carrier in one write (one WebSocket message when tunnelled)."""
 FLUSH_TIMEOUT = 5.0
 """Seconds the last frames (resets, GOAWAY) may take to leave before the carrier is dropped."""
+SILENT_PINGS = 3
+"""Ping intervals without a byte from the peer (while we read) before it counts as gone."""
 
 
 class Carrier(Protocol):
@@ -79,64 +90,24 @@ class Carrier(Protocol):
         ...
 
 
-class WebSocketCarrier:
-    """SPDY tunnelled in a WebSocket (`SPDY/3.1+portforward.k8s.io`).
-
-    Binary messages carry the byte stream; their boundaries mean nothing.
-    A close (1000) is EOF.
-    """
-
-    def __init__(self, ws: web.WebSocketResponse) -> None:
-        self.ws = ws
-        self._ended = False
-
-    async def read(self) -> bytes:
-        """The payloads of the binary messages that arrived, up to about `WRITE_CHUNK` bytes.
-
-        Waits for one non-empty message, then takes those already received
-        (client-go sends a frame's header and payload as separate small
-        messages). b"" on close or anything else.
-        """
-        parts: list[bytes] = []
-        size = 0
-        while not self._ended and not self.ws.closed:
-            if parts and (size >= WRITE_CHUNK or not binary_queued(self.ws)):
-                break
-            msg = await self.ws.receive()
-            if msg.type is not WSMsgType.BINARY:
-                self._ended = True
-                break
-            if msg.data:
-                parts.append(bytes(msg.data))
-                size += len(msg.data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def write(self, data: bytes) -> None:
-        """One binary message."""
-        await self.ws.send_bytes(data)
-
-    async def close(self) -> None:
-        """Let the peer close first (within `CLOSE_LINGER`), then close with 1000."""
-        await upgrade.linger(self.read)
-        with contextlib.suppress(OSError, RuntimeError):
-            await self.ws.close(code=CloseCode.NORMAL)
-
-
 class SpdyStream:
-    """A stream the peer opened, seen as a `ClientStream`.
+    """One stream of a session, opened by either end; a `ClientStream` for the pump.
 
-    `read` returns b"" once at the peer's half-close (FIN), then waits until the
-    stream is gone: reset, closed by us, both sides finished, or the session ended.
+    `read` returns b"" once at the peer's half-close (FIN), then waits until
+    the stream is gone: reset, closed by us, both sides finished, or the
+    session ended; after that it returns b"" at once.
     """
 
-    def __init__(self, session: SpdySession, stream_id: int, headers: Headers) -> None:
+    def __init__(self, session: SpdySession, stream_id: int, headers: Headers = ()) -> None:
         self.session = session
         self.stream_id = stream_id
         self.headers = headers
+        """The peer's SYN_STREAM headers; empty on a stream this end opened."""
         # Received payloads as they came, joined only when read: one copy at most.
         self._chunks: list[bytes] = []
         self._size = 0
-        self._readable = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._replied = False
         self._remote_ended = False
         self._eof_read = False
         self._local_ended = False
@@ -155,9 +126,16 @@ class SpdyStream:
         return self._dead or (self._remote_ended and self._local_ended)
 
     def reply(self) -> None:
-        """Accept the stream: an empty SYN_REPLY."""
+        """Accept a stream the peer opened: an empty SYN_REPLY."""
         if not self._dead:
             self.session._command(lambda conn: conn.reply(self.stream_id))
+
+    async def wait_replied(self) -> None:
+        """Wait for the peer's SYN_REPLY; ConnectionResetError when it refused the stream."""
+        while not self._replied:
+            if self._dead:
+                raise ConnectionResetError(f"the peer refused stream {self.stream_id}")
+            await self._wait()
 
     def reset(self) -> None:
         """Refuse or abandon the stream: RST_STREAM (CANCEL)."""
@@ -178,8 +156,7 @@ class SpdyStream:
             if self.gone or (self._remote_ended and not self._eof_read):
                 self._eof_read = True
                 return b""
-            self._readable.clear()
-            await self._readable.wait()
+            await self._wait()
 
     async def write(self, data: bytes) -> None:
         """Send `data` on the stream; raises ConnectionResetError once it cannot be sent."""
@@ -190,7 +167,7 @@ class SpdyStream:
         if not self._dead and not self._local_ended:
             self._local_ended = True
             self.session._command(lambda conn: conn.end_stream(self.stream_id))
-            self._wake()
+            self._changed.set()
 
     async def close(self) -> None:
         """We are done with the stream: half-close our side; what still arrives is dropped."""
@@ -202,49 +179,55 @@ class SpdyStream:
         log.info("resetting stream %d: %s", self.stream_id, reason)
         self.reset()
 
+    async def _wait(self) -> None:
+        self._changed.clear()
+        await self._changed.wait()
+
     # -- the session's side --------------------------------------------------
 
     def _received(self, data: bytes) -> None:
         self._chunks.append(data)
         self._size += len(data)
-        self._wake()
+        self._changed.set()
+
+    def _replied_by_peer(self) -> None:
+        self._replied = True
+        self._changed.set()
 
     def _ended_by_peer(self) -> None:
         self._remote_ended = True
-        self._wake()
+        self._changed.set()
 
     def _end(self) -> None:
-        """Gone: no more input is kept and readers wake."""
+        """Gone: no more input is kept and waiters wake."""
         self._dead = True
         self._chunks = []
         self._size = 0
         self.session._forget(self)
-        self._wake()
-
-    def _wake(self) -> None:
-        self._readable.set()
-
-    @property
-    def _buffered(self) -> int:
-        return self._size
+        self._changed.set()
 
 
 class SpdySession:
-    """The server end of one SPDY/3.1 connection over `carrier`.
+    """One SPDY/3.1 connection over `carrier`, as `role`.
 
-    Use as an async context manager: entering starts reading, leaving resets
-    open streams, sends GOAWAY last and closes the carrier.
+    `start` (or entering it as an async context manager) runs it; it then runs
+    until `close` (leaving the context), a protocol error, the carrier's end,
+    or a peer silent for `SILENT_PINGS` ping intervals. Whatever ends it, open
+    streams end, the last frames (resets, GOAWAY last) are flushed within
+    `FLUSH_TIMEOUT`, and the carrier is closed.
     """
 
     def __init__(
         self,
         carrier: Carrier,
         *,
+        role: Role,
         limits: Limits | None = None,
         ping_interval: float | None = None,
     ) -> None:
         self.carrier = carrier
-        self._conn = SpdyConnection(Role.SERVER, limits)
+        self.role = role
+        self._conn = SpdyConnection(role, limits)
         self._ping_interval = ping_interval
         self._streams: dict[int, SpdyStream] = {}
         self._full: set[int] = set()
@@ -254,25 +237,33 @@ class SpdySession:
         self._room = asyncio.Event()
         self._unblocked = asyncio.Event()
         self._ended = asyncio.Event()
-        self._reader: asyncio.Task[None] | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._pinger: asyncio.Task[None] | None = None
+        # A client speaks first; a server only once the peer has.
         self._last_heard: float | None = None
         self._peer_gone = False
-        self._closing: asyncio.Task[None] | None = None
+        self._paused = False
+        self._run_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> SpdySession:
-        self._reader = asyncio.create_task(self._read_loop())
-        self._writer = asyncio.create_task(self._write_loop())
+        self.start()
         return self
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
+    def start(self) -> None:
+        """Start reading, writing and (for a client at once) pinging."""
+        if self._run_task is None:
+            self._run_task = asyncio.create_task(self._run())
+
     @property
     def ended(self) -> bool:
         """The session is over: no stream will come and none can send."""
         return self._ended.is_set()
+
+    @property
+    def usable(self) -> bool:
+        """New streams may still be opened on it."""
+        return not self.ended and not self._conn.goaway_received
 
     async def wait_ended(self) -> None:
         """Wait until the session is over."""
@@ -285,34 +276,29 @@ class SpdySession:
             await self._arrived.wait()
         return None if self.ended else self._incoming.popleft()
 
-    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
-        """Reset open streams, send GOAWAY last, flush, close the carrier.
+    def open_stream(self, headers: HeadersLike) -> SpdyStream:
+        """Queue a SYN_STREAM; raises `SpdyError` when the session takes no new stream."""
+        stream = SpdyStream(self, self._conn.open_stream(headers))
+        self._streams[stream.stream_id] = stream
+        self._output.set()
+        return stream
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """End the session (resets, GOAWAY last) and wait until its carrier is closed.
 
         Every caller waits for the one closing; a cancelled caller does not
         interrupt it. `code` is accepted for the session registry; SPDY has
         only GOAWAY.
         """
-        if self._closing is None:
-            if reason and not self.ended:
-                log.info("closing SPDY session: %s", reason)
-            self._closing = asyncio.create_task(self._close())
-        await asyncio.shield(self._closing)
+        if reason and not self.ended:
+            log.info("closing SPDY session: %s", reason)
+        self._end(goaway=self._may_speak and not self._peer_gone)
+        if self._run_task is not None:
+            await asyncio.shield(self._run_task)
 
-    async def _close(self) -> None:
-        # The peer must speak first; a GOAWAY to a silent or vanished peer is pointless.
-        self._end(goaway=not self._peer_gone and self._last_heard is not None)
-        helpers = [t for t in (self._reader, self._pinger) if t is not None]
-        for task in helpers:
-            task.cancel()
-        if helpers:
-            # The reader must be out of the carrier before `close` reads it again.
-            await asyncio.wait(helpers)
-        if self._writer is not None:
-            done, _ = await asyncio.wait([self._writer], timeout=FLUSH_TIMEOUT)
-            if not done:
-                self._writer.cancel()
-                await asyncio.wait([self._writer])
-        await self.carrier.close()
+    @property
+    def _may_speak(self) -> bool:
+        return self.role is Role.CLIENT or self._last_heard is not None
 
     # -- the end -----------------------------------------------------------------
 
@@ -334,6 +320,24 @@ class SpdySession:
         """The carrier failed or reached EOF: there is no one to tell."""
         self._peer_gone = True
         self._end(goaway=False)
+
+    async def _run(self) -> None:
+        reader = asyncio.create_task(self._read_loop())
+        writer = asyncio.create_task(self._write_loop())
+        pinger = asyncio.create_task(self._ping_loop())
+        try:
+            await self._ended.wait()
+        finally:
+            self._end(goaway=False)
+            for task in (reader, pinger):
+                task.cancel()
+            # The reader must be out of the carrier before `close` reads it again.
+            await asyncio.wait([reader, pinger])
+            # The writer leaves once the queue (resets, GOAWAY last) is out.
+            if not (await asyncio.wait([writer], timeout=FLUSH_TIMEOUT))[0]:
+                writer.cancel()
+                await asyncio.wait([writer])
+            await self.carrier.close()
 
     # -- commands from streams ---------------------------------------------------
 
@@ -367,10 +371,17 @@ class SpdySession:
     def _forget(self, stream: SpdyStream) -> None:
         self._streams.pop(stream.stream_id, None)
         self._drained(stream)
+        self._end_if_done()
+
+    def _end_if_done(self) -> None:
+        # After the peer's GOAWAY it waits for us to hang up once our streams are over.
+        if self._conn.goaway_received and not self._streams and not self.ended:
+            self._end(goaway=False)
 
     # -- the reader ---------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while not self.ended:
                 await self._wait_readable()
@@ -378,47 +389,60 @@ class SpdySession:
                 if not data:
                     self._lost()
                     return
-                self._heard()
+                self._last_heard = loop.time()
                 for event in self._conn.receive_data(data):
                     self._dispatch(event)
                 if self._conn.bytes_to_send:
-                    # Replies to the peer (pings, resets) wait: wake the writer only for them.
+                    # Answers to the peer (pings, resets) wait: wake the writer only for them.
                     self._output.set()
         except (OSError, RuntimeError) as exc:
             log.debug("SPDY carrier read failed: %s", exc)
             self._lost()
 
     async def _wait_readable(self) -> None:
-        while (self._full or self._conn.bytes_to_send >= SEND_HIGH_WATER) and not self.ended:
-            self._unblocked.clear()
-            await self._unblocked.wait()
-
-    def _heard(self) -> None:
-        if self._last_heard is None and self._ping_interval:
-            # The peer spoke first: from now on we may ping it.
-            self._pinger = asyncio.create_task(self._ping_loop(self._ping_interval))
-        self._last_heard = asyncio.get_running_loop().time()
+        if not self._full and self._conn.bytes_to_send < OUTPUT_LIMIT:
+            return
+        self._paused = True
+        try:
+            while (self._full or self._conn.bytes_to_send >= OUTPUT_LIMIT) and not self.ended:
+                self._unblocked.clear()
+                await self._unblocked.wait()
+        finally:
+            self._paused = False
+            if self._last_heard is not None:
+                # Our own pause is not the peer's silence.
+                self._last_heard = asyncio.get_running_loop().time()
 
     def _dispatch(self, event: Event) -> None:
         match event:
             case StreamOpened(stream_id=sid, headers=headers):
-                stream = SpdyStream(self, sid, headers)
-                self._streams[sid] = stream
-                self._incoming.append(stream)
-                self._arrived.set()
+                self._opened_by_peer(sid, headers)
+            case StreamReplied(stream_id=sid) if sid in self._streams:
+                self._streams[sid]._replied_by_peer()
             case DataReceived(stream_id=sid, data=data) if sid in self._streams:
                 stream = self._streams[sid]
                 stream._received(data)
-                if stream._buffered >= STREAM_BUFFER:
+                if stream._size >= STREAM_BUFFER:
                     self._full.add(sid)
             case StreamEnded(stream_id=sid) if sid in self._streams:
                 self._streams[sid]._ended_by_peer()
             case StreamReset(stream_id=sid) if sid in self._streams:
                 self._streams[sid]._end()
+            case GoAwayReceived():
+                self._end_if_done()  # else `usable` is False and the streams finish first
             case ConnectionTerminated(reason=reason):
                 log.info("SPDY peer broke the protocol: %s", reason)
                 # The codec queued the GOAWAY itself; it only needs flushing.
                 self._end(goaway=False)
+
+    def _opened_by_peer(self, stream_id: int, headers: Headers) -> None:
+        stream = SpdyStream(self, stream_id, headers)
+        self._streams[stream_id] = stream
+        if self.role is Role.CLIENT:
+            stream.reset()  # nothing here serves streams a server pushes
+            return
+        self._incoming.append(stream)
+        self._arrived.set()
 
     # -- the writer and the pinger -----------------------------------------------
 
@@ -437,12 +461,20 @@ class SpdySession:
             log.debug("SPDY carrier write failed: %s", exc)
             self._lost()
 
-    async def _ping_loop(self, interval: float) -> None:
+    async def _ping_loop(self) -> None:
+        interval = self._ping_interval
+        if not interval:
+            return
         loop = asyncio.get_running_loop()
+        if self.role is Role.CLIENT:
+            self._last_heard = loop.time()
         while not self.ended:
             await asyncio.sleep(interval)
-            if self._last_heard is not None and loop.time() - self._last_heard > 3 * interval:
-                log.info("SPDY peer silent for %.0fs; ending the session", 3 * interval)
+            heard = self._last_heard
+            if heard is None:
+                continue  # a server waits for the peer's first frame
+            if not self._paused and loop.time() - heard > SILENT_PINGS * interval:
+                log.info("SPDY peer silent for %.0fs; ending the session", SILENT_PINGS * interval)
                 self._lost()
                 return
             self._command(lambda conn: conn.ping())

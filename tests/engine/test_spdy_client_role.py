@@ -1,5 +1,5 @@
-"""The CLI's SPDY client (`subres.cli.spdy`) against moby/spdystream, the library of client-go
-and kubelet.
+"""The SPDY engine (`subres.engine.spdy`) in the client role against moby/spdystream, the
+library of client-go and kubelet.
 
 The Go peer (tools/spdypeer, built by `tests.gotools`) serves on one end of a
 socketpair: it accepts every stream, echoes its bytes and half-closes after
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from subres.cli.spdy import ClientStream, SocketCarrier, SpdyClient
+from subres.cli.carriers import SocketCarrier
+from subres.engine.spdy import SpdySession, SpdyStream
+from subres.protocol.spdy import Role
 from tests import gotools
 from tests.server.portforward_support import chunks, digest
 
@@ -32,7 +34,7 @@ def peer_binary() -> Path:
 
 
 @contextlib.asynccontextmanager
-async def go_server(binary: Path) -> AsyncIterator[SpdyClient]:
+async def go_server(binary: Path) -> AsyncIterator[SpdySession]:
     """Our client on a socketpair whose other end `spdypeer server` holds."""
     ours, theirs = socket.socketpair()
     proc = await asyncio.create_subprocess_exec(
@@ -40,7 +42,8 @@ async def go_server(binary: Path) -> AsyncIterator[SpdyClient]:
     )
     theirs.close()
     reader, writer = await asyncio.open_connection(sock=ours)
-    client = SpdyClient(SocketCarrier(reader, writer))
+    client = SpdySession(SocketCarrier(reader, writer), role=Role.CLIENT, ping_interval=5.0)
+    client.start()
     try:
         yield client
     finally:
@@ -55,13 +58,13 @@ async def go_server(binary: Path) -> AsyncIterator[SpdyClient]:
                 await proc.wait()
 
 
-async def echo_digest(stream: ClientStream, seed: int) -> str:
+async def echo_digest(stream: SpdyStream, seed: int) -> str:
     """Send `chunks(SIZE, seed)`, half-close, and hash the echo until the peer's FIN."""
 
     async def send() -> None:
         for chunk in chunks(SIZE, seed=seed):
             await stream.write(chunk)
-        stream.end()
+        await stream.write_eof()
 
     sender = asyncio.create_task(send())
     h = hashlib.sha256()
@@ -93,7 +96,7 @@ async def test_reset_stream_leaves_the_others(peer_binary: Path) -> None:
         doomed.reset()
         assert await doomed.read() == b""
         await kept.write(b"still here")
-        kept.end()
+        await kept.write_eof()
         received = b""
         while data := await kept.read():
             received += data

@@ -1,0 +1,1 @@
+"""asyncio engines over the sans-I/O codecs of `subres.protocol`, for the server and the CLI."""

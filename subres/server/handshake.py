@@ -1,0 +1,65 @@
+"""WebSocket upgrade requests: what they offer, whether they are well formed, the response.
+
+Checked before anything is dialed, so a malformed upgrade costs no backend
+connection and gets a Status. aiohttp's own check lets HTTP/1.0 requests and
+WebSocket versions 7 and 8 through; RFC 6455 wants HTTP/1.1 or later and
+version 13 (anything else is 426 with the version we speak).
+"""
+
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+
+from subres.kube.status import StatusError
+from subres.server.state import State
+
+__all__ = ["VERSION", "check", "offered_subprotocols", "websocket_response"]
+
+VERSION = "13"
+"""The only WebSocket version RFC 6455 defines."""
+
+
+def offered_subprotocols(request: web.Request) -> list[str]:
+    """The subprotocols a WebSocket request offers, from every header line, in order."""
+    return [
+        p.strip()
+        for header in request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, [])
+        for p in header.split(",")
+        if p.strip()
+    ]
+
+
+def websocket_response(
+    state: State, request: web.Request, *, what: str, subprotocol: str, autoclose: bool = True
+) -> web.WebSocketResponse:
+    """A response ready to upgrade `request` to a WebSocket speaking `subprotocol` ("" none).
+
+    Raises a 400 (426 for another WebSocket version) Status naming `what`
+    when the request is not a well-formed WebSocket upgrade.
+    """
+    check(request, what=what)
+    session = state.config.session
+    ws = web.WebSocketResponse(
+        protocols=(subprotocol,) if subprotocol else (),
+        compress=False,
+        heartbeat=session.ping_interval,
+        max_msg_size=session.max_message,
+        autoclose=autoclose,
+    )
+    if not ws.can_prepare(request).ok:
+        raise StatusError(400, f"malformed WebSocket upgrade request for {what}")
+    return ws
+
+
+def check(request: web.Request, *, what: str) -> None:
+    """Raise a Status unless `request` asks for a WebSocket as RFC 6455 says."""
+    if request.headers.get(hdrs.UPGRADE, "").lower() != "websocket":
+        raise StatusError(400, f"{what} needs a WebSocket upgrade request")
+    if request.version < (1, 1):
+        raise StatusError(400, f"{what}: a WebSocket upgrade needs HTTP/1.1")
+    if request.headers.get(hdrs.SEC_WEBSOCKET_VERSION, "").strip() != VERSION:
+        raise StatusError(
+            426,
+            f"{what}: unsupported WebSocket version; this server speaks {VERSION}",
+            headers=[(hdrs.SEC_WEBSOCKET_VERSION, VERSION)],
+        )
