@@ -27,14 +27,20 @@ resetting by RST_STREAM; these are h2's names for the same life::
                            +--------+
 
 A SYN carrying FIN opens and half-closes in one step (two transitions).
-Every (state, input) pair missing from `_TRANSITIONS` is a fault: the
-connection answers a peer's with RST_STREAM and refuses a caller's.
+Every (state, input) pair missing from `_TRANSITIONS` is a fault, and
+`Stream.apply` raises for it: a received input is the peer's fault
+(`StreamError`, answered with RST_STREAM), a sent one the caller's
+(`StreamClosedError`). The connection checks what it can before applying;
+the table is the last word.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+from subres.protocol.spdy.errors import StreamClosedError, StreamError
+from subres.protocol.spdy.status import RstStatus
 
 __all__ = ["Stream", "StreamInput", "StreamState", "StreamTable", "next_state"]
 
@@ -80,6 +86,9 @@ _TRANSITIONS: dict[tuple[StreamState, StreamInput], StreamState] = {
 }
 
 
+_RECEIVED = frozenset({_I.RECV_SYN, _I.RECV_FIN, _I.RECV_RST})
+
+
 def next_state(state: StreamState, event: StreamInput) -> StreamState | None:
     """Return the state after `event`, or None when `event` is not allowed."""
     return _TRANSITIONS.get((state, event))
@@ -96,13 +105,17 @@ class Stream:
     replied: bool = False
     """A SYN_REPLY went the right way: received for a local stream, sent for a peer's."""
 
-    def apply(self, event: StreamInput) -> bool:
-        """Move to the state after `event`; return False (and stay) if not allowed."""
+    def apply(self, event: StreamInput) -> None:
+        """Move to the state after `event`; raise (and stay) if the table does not allow it."""
         state = next_state(self.state, event)
         if state is None:
-            return False
+            message = f"{event.value} on stream {self.stream_id}, which is {self.state.value}"
+            if event in _RECEIVED:
+                raise StreamError(
+                    message, stream_id=self.stream_id, status=RstStatus.STREAM_ALREADY_CLOSED
+                )
+            raise StreamClosedError(message)
         self.state = state
-        return True
 
     @property
     def can_send(self) -> bool:
