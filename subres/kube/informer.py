@@ -5,9 +5,10 @@ Owns the reflector loop: list every page, hand the complete listing to a
 from the list's resourceVersion with bookmarks, following each event's
 resourceVersion. A 410 Gone (expired version or continue token) relists at
 once; any other failure waits an exponential, jittered and bounded backoff
-and relists. A full relist also happens every `resync` seconds, repairing
-anything a watch could have missed. The request path never waits on any of
-this: it reads the sink.
+and relists. A full relist also happens every `relist_interval` seconds,
+repairing anything a watch could have missed (client-go's "resync" only
+replays its cache to handlers; this one asks the apiserver again). The
+request path never waits on any of this: it reads the sink.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ GONE = 410
 
 @dataclass(frozen=True)
 class InformerSettings:
-    """How an informer pages, watches, resyncs and backs off."""
+    """How an informer pages, watches, relists and backs off."""
 
-    resync: float = 600.0
-    """Seconds between full relists."""
+    relist_interval: float = 600.0
+    """Seconds between full relists from the apiserver."""
     watch_timeout: int = 300
     """`timeoutSeconds` asked of each watch; the watch is reopened from the last version."""
     page_size: int = 500
@@ -133,9 +134,9 @@ class Informer:
         return page.resource_version
 
     async def _watch(self, version: str) -> None:
-        """Follow changes from `version` until the next resync is due."""
+        """Follow changes from `version` until the next full relist is due."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.resync
+        deadline = loop.time() + self.settings.relist_interval
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
@@ -147,7 +148,7 @@ class Informer:
                         async for event in events:
                             version = self._apply(event, version)
         except TimeoutError:
-            log.debug("%s: resync due", self.name)
+            log.debug("%s: full relist due", self.name)
 
     def _apply(self, event: WatchEvent, version: str) -> str:
         """Hand one event to the sink; the resourceVersion to resume from."""

@@ -1,4 +1,4 @@
-"""The informer against a fake apiserver: list, watch, 410 relist, bookmarks, backoff, resync."""
+"""The informer against a fake apiserver: list, watch, 410 relist, bookmarks, backoff, relist."""
 
 from __future__ import annotations
 
@@ -145,8 +145,8 @@ async def test_bookmark_moves_the_resume_version(tmp_path: Path) -> None:
         assert fake.calls["list:machines"] == 1
 
 
-async def test_periodic_resync_relists(tmp_path: Path) -> None:
-    settings = InformerSettings(resync=0.3, backoff_initial=0.01)
+async def test_periodic_full_relist(tmp_path: Path) -> None:
+    settings = InformerSettings(relist_interval=0.3, backoff_initial=0.01)
     async with informing(tmp_path, settings) as (fake, cache, _):
         await cache.wait(lambda: cache.replaced >= 2)
         assert fake.calls["list:machines"] >= 2
