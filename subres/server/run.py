@@ -27,10 +27,11 @@ from subres.kube.cache import ParentCache
 from subres.kube.informer import InformerSettings
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import certs, cluster, tls
+from subres.server import certs, cluster
 from subres.server.options import Options
 from subres.server.state import State
 from subres.server.tls import ReloadingTLS
+from subres.streams import internals
 
 __all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
 
@@ -81,7 +82,7 @@ class Server:
         """Listen and start the watchers; the port actually bound."""
         if self.background is not None:
             await self.background.start()
-        tls.share_read_buffer()
+        internals.share_ssl_read_buffer()
         self.runner = web.AppRunner(
             application.build(self.state),
             handle_signals=False,

@@ -19,14 +19,12 @@ import logging
 import os
 import ssl
 import threading
-from asyncio import sslproto
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 
-__all__ = ["ReloadingTLS", "peer_certificate", "share_read_buffer"]
+__all__ = ["ReloadingTLS", "peer_certificate"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,33 +122,6 @@ class ReloadingTLS:
             return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
         ssl_object.context = current
         return None
-
-
-def share_read_buffer() -> None:
-    """Give every TLS connection in this process one shared socket read buffer.
-
-    asyncio (3.11 to 3.13) gives each TLS connection its own zero-filled 256 KiB
-    buffer for socket reads: 256 of the ~300 KiB an idle console session costs.
-    The buffer only holds bytes between `recv_into` and the copy into the
-    connection's MemoryBIO, both in one synchronous callback on the loop thread,
-    so one buffer serves every connection. Idempotent.
-    """
-    protocol = sslproto.SSLProtocol
-    if getattr(protocol, "_subres_shared_buffer", False):
-        return
-    shared = bytearray(protocol.max_size)
-    view = memoryview(shared)
-    original = protocol.__init__
-
-    def init(self: sslproto.SSLProtocol, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if not hasattr(self, "_ssl_buffer_view"):
-            raise RuntimeError("asyncio's SSLProtocol changed: update share_read_buffer")
-        self._ssl_buffer = shared  # type: ignore[attr-defined]
-        self._ssl_buffer_view = view
-
-    protocol.__init__ = init  # type: ignore[method-assign]
-    protocol._subres_shared_buffer = True  # type: ignore[attr-defined]
 
 
 def peer_certificate(transport: asyncio.BaseTransport | None) -> x509.Certificate | None:

@@ -12,8 +12,8 @@ import contextlib
 from aiohttp import WSMsgType, web
 
 from subres.engine.spdy import WRITE_CHUNK
-from subres.streams import upgrade
-from subres.streams.websocket import CloseCode, binary_queued
+from subres.streams import internals, upgrade
+from subres.streams.websocket import CloseCode
 
 __all__ = ["WebSocketCarrier"]
 
@@ -39,7 +39,7 @@ class WebSocketCarrier:
         parts: list[bytes] = []
         size = 0
         while not self._ended and not self.ws.closed:
-            if parts and (size >= WRITE_CHUNK or not binary_queued(self.ws)):
+            if parts and (size >= WRITE_CHUNK or not internals.binary_queued(self.ws)):
                 break
             msg = await self.ws.receive()
             if msg.type is not WSMsgType.BINARY:

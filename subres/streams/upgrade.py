@@ -3,9 +3,9 @@
 aiohttp upgrades WebSockets itself but knows nothing of SPDY/3.1: its HTTP
 parser would read the client's first SPDY frame as a new request. As
 aiohttp's `WebSocketResponse` does, we install our own payload parser on the
-request's protocol (`set_parser`) BEFORE the 101 goes out, so every byte after
-the request reaches us; aiohttp keeps the transport and still sees the
-connection close. This module is the only place that knows the trick.
+request's protocol BEFORE the 101 goes out (`internals.take_over`), so every
+byte after the request reaches us; aiohttp keeps the transport and still sees
+the connection close.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
+
+from subres.streams import internals
 
 __all__ = ["CLOSE_LINGER", "READ_HIGH_WATER", "UpgradedSocket", "linger", "upgrade"]
 
@@ -41,7 +43,7 @@ class UpgradedSocket:
     """A byte carrier over the upgraded connection: read, write with drain, close."""
 
     def __init__(self, request: web.Request) -> None:
-        self._protocol = request.protocol
+        self._request = request
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("the client went away before the upgrade")
@@ -101,7 +103,7 @@ class UpgradedSocket:
             raise ConnectionResetError("the client connection is closed")
         self._transport.write(data)
         # aiohttp's own writers wait for drain this way (pause_writing/resume_writing).
-        await self._protocol._drain_helper()
+        await internals.drain(self._request)
 
     async def close(self) -> None:
         """Let the peer hang up first (within `CLOSE_LINGER`), then close."""
@@ -119,7 +121,6 @@ async def upgrade(
     # Neither keep-alive nor a further request: the connection is ours now.
     response.force_close()
     socket = UpgradedSocket(request)
-    request.protocol.set_parser(socket)  # type: ignore[arg-type]
-    request.protocol.keep_alive(False)
+    internals.take_over(request, socket)
     await response.prepare(request)
     return response, socket

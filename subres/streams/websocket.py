@@ -17,8 +17,9 @@ from aiohttp import WSMsgType, web
 from subres.kube.status import exited
 from subres.protocol import channels
 from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing, TerminalSize
+from subres.streams import internals
 
-__all__ = ["BATCH", "CloseCode", "WebSocketClient", "binary_queued", "take_queued"]
+__all__ = ["BATCH", "CloseCode", "WebSocketClient", "take_queued"]
 
 log = logging.getLogger(__name__)
 
@@ -26,22 +27,6 @@ MAX_REASON = 123
 """A close frame's reason is at most 123 bytes (RFC 6455 5.5)."""
 BATCH = 256 * 1024
 """Most bytes of already-received raw messages joined into one read."""
-
-
-def binary_queued(ws: web.WebSocketResponse) -> bool:
-    """Whether aiohttp already parsed the next message and it is binary data.
-
-    Then `receive()` returns it without waiting, so a reader may take it now
-    and hand several small messages on as one chunk (one write, one parse
-    instead of one per message). aiohttp has no public way to ask: this looks
-    at its message queue and answers False whenever that is not as expected,
-    which only gives up the batching.
-    """
-    queue = getattr(getattr(ws, "_reader", None), "_buffer", None)
-    try:
-        return bool(queue) and queue[0][0].type is WSMsgType.BINARY  # type: ignore[index]
-    except (TypeError, IndexError, AttributeError):
-        return False
 
 
 async def take_queued(
@@ -57,7 +42,7 @@ async def take_queued(
     parts = [first]
     size = len(first)
     ended = False
-    while size < limit and binary_queued(ws):
+    while size < limit and internals.binary_queued(ws):
         msg = await ws.receive()  # queued: returns without waiting
         if msg.type is not WSMsgType.BINARY:
             ended = True

@@ -43,7 +43,9 @@ async def swallow_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     Returns once subres hangs up, which a reader that reads nothing is never
     told: the kernel's TCP state says it.
     """
-    writer.transport.pause_reading()
+    transport = writer.transport
+    assert isinstance(transport, asyncio.Transport)
+    transport.pause_reading()
     sock = writer.get_extra_info("socket")
     while sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_ESTABLISHED:  # noqa: ASYNC110 - nothing signals a peer's FIN to a paused reader
         await asyncio.sleep(0.02)

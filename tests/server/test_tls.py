@@ -379,26 +379,3 @@ async def test_watch_reloads_in_the_background(
 def test_peer_certificate_without_tls() -> None:
     assert tls.peer_certificate(None) is None
     assert tls.peer_certificate(asyncio.Transport(extra={"peername": ("127.0.0.1", 1)})) is None
-
-
-async def test_tls_connections_share_one_read_buffer(tmp_path: Path) -> None:
-    # asyncio's own per-connection 256 KiB buffer would dominate an idle session's memory.
-    from asyncio import sslproto
-
-    from subres.server.tls import share_read_buffer
-
-    share_read_buffer()
-    share_read_buffer()
-    protocols = [
-        sslproto.SSLProtocol(
-            asyncio.get_running_loop(),
-            asyncio.Protocol(),
-            ssl.create_default_context(),
-            asyncio.get_running_loop().create_future(),
-            server_hostname="localhost",
-        )
-        for _ in range(2)
-    ]
-    first, second = (p.get_buffer(-1) for p in protocols)
-    assert first.obj is second.obj
-    assert len(first) == sslproto.SSLProtocol.max_size
