@@ -1,6 +1,36 @@
 """The aiohttp application: the route table and what runs around it.
 
 Routes are declared in one table; every handler takes the `State` first.
+Every request passes `middleware.errors` (any failure becomes a `Status`)
+and `middleware.identity` (authenticate 401, authorize 403) before its
+handler. Then, for `…/{resource}/{name}/SUB` (ROUTE: handler; checks before any
+upgrade, each a Status; the live part):
+
+- console, WebSocket: `console.handle`; `subresource.resolve` (404, 409 for the
+  state rules, 503 while the cache syncs), `endpoint_url` (400),
+  `streaming.negotiate` (400, 426), `subresource.connect` (403 by the endpoint
+  policy, 503 when the dial fails); `streaming.serve`: `WebSocketClient` and
+  the pump.
+- console, SPDY/3.1: `remotecommand.handle`; the same, with
+  `httpstream.negotiate` (403 listing what is accepted); a
+  `RemoteCommandClient` over an `engine.spdy` session, and the pump.
+- vnc: `vnc.handle`; as console, and `preserveSession` is 409 while another
+  session lives; `streaming.serve`.
+- screenshot: `screenshot.handle`; as vnc; `backends.rfb.capture`, then PNG.
+- portforward `?ports=`: `portforward_ws.handle_channels`; ports (400), each
+  allowed (403) and vetted; a `ChannelMux`, each port dialed after the
+  upgrade and pumped.
+- portforward, SPDY/3.1 or tunnelled: `portforward_spdy.handle_spdy` /
+  `handle_tunnel`; resolve, protocol (403); an `engine.spdy` session, each
+  error/data pair checked, dialed and pumped (failures are text on its error
+  stream).
+- portforward/{port}[/{tcp|udp}]: `portforward_ws.handle_port`; port (400),
+  allowed (403), `subresource.connect`; a `RawWebSocket` and the pump.
+
+Every live part runs inside `session.live` (register, takeover, count, one
+log line, the `Record` of how it ended) and stops when either side is gone.
+Backends are `backends.stream.SocketStream` (tcp, unix) or
+`backends.datagram.DatagramStream` (udp), vetted by `backends.endpoint`.
 """
 
 from __future__ import annotations
