@@ -98,7 +98,7 @@ def share_ssl_read_buffer() -> None:
     def init(self: sslproto.SSLProtocol, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         self._ssl_buffer = shared  # type: ignore[attr-defined]
-        self._ssl_buffer_view = view
+        self._ssl_buffer_view = view  # type: ignore[attr-defined]
 
     protocol.__init__ = init  # type: ignore[method-assign]
     protocol._subres_shared_buffer = True  # type: ignore[attr-defined]

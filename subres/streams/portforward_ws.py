@@ -23,7 +23,7 @@ from aiohttp import WSMsgType, web
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
 from subres.protocol.channels import Dialect
-from subres.streams.websocket import MAX_REASON, CloseCode, take_queued
+from subres.streams.websocket import CloseCode, WebSocketEnd, close_websocket, take_queued
 
 __all__ = ["HALF_CLOSE_LINGER", "PORT_LINGER", "ChannelMux", "PortChannel", "RawWebSocket"]
 
@@ -39,36 +39,18 @@ PORT_QUEUE = 4
 _ENDED = frozenset({WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR})
 
 
-async def _close(ws: web.WebSocketResponse, code: int, reason: str) -> None:
-    try:
-        await ws.close(code=code, message=reason.encode()[:MAX_REASON])
-    except (OSError, RuntimeError) as exc:
-        log.debug("close failed: %s", exc)
-
-
-class RawWebSocket:
+class RawWebSocket(WebSocketEnd):
     """A `ClientStream` over a prepared raw binary `WebSocketResponse` made with autoclose off."""
 
     def __init__(
         self, ws: web.WebSocketResponse, *, linger: float = HALF_CLOSE_LINGER, batch: bool = False
     ) -> None:
-        self.ws = ws
+        super().__init__(ws)
         self._linger = linger
         self._batch = batch
         """A byte stream (TCP): join messages already received into one read."""
         self._half_closed = False
-        self._gone = False
         self._ended = asyncio.Event()
-
-    @property
-    def gone(self) -> bool:
-        """True once nothing can flow either way."""
-        return self._gone or self.ws.closed
-
-    @property
-    def close_code(self) -> int | None:
-        """The close code sent or received, once the WebSocket closed."""
-        return self.ws.close_code
 
     async def read(self) -> bytes:
         """The next message's bytes; b"" at the client's close frame, and again once it is gone."""
@@ -109,15 +91,10 @@ class RawWebSocket:
         """The backend ended: close 1000 (this also answers a client's close frame)."""
         await self.close(CloseCode.NORMAL, "the backend closed the connection")
 
-    async def abort(self, reason: str) -> None:
-        """Close with 1011 and `reason`."""
-        await self.close(CloseCode.INTERNAL_ERROR, reason)
-
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
-        """Send a close frame (truncated reason) and finish."""
-        self._gone = True
+        """Send a close frame (truncated reason) and finish; a half-closed read ends."""
         self._ended.set()
-        await _close(self.ws, code, reason)
+        await super().close(code, reason)
 
 
 class PortChannel:
@@ -250,4 +227,4 @@ class ChannelMux:
 
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         """Close the WebSocket; every port's input ends."""
-        await _close(self.ws, code, reason)
+        await close_websocket(self.ws, code, reason)

@@ -19,7 +19,14 @@ from subres.protocol import channels
 from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing, TerminalSize
 from subres.streams import internals
 
-__all__ = ["BATCH", "CloseCode", "WebSocketClient", "take_queued"]
+__all__ = [
+    "BATCH",
+    "CloseCode",
+    "WebSocketClient",
+    "WebSocketEnd",
+    "close_websocket",
+    "take_queued",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +69,47 @@ class CloseCode:
     TAKEN_OVER = 4001
 
 
-class WebSocketClient:
-    """A `ClientStream` over a prepared `WebSocketResponse`."""
+async def close_websocket(ws: web.WebSocketResponse, code: int, reason: str) -> None:
+    """Send a close frame with `code` and `reason` (truncated to fit); a gone peer is fine."""
+    try:
+        await ws.close(code=code, message=reason.encode()[:MAX_REASON])
+    except (OSError, RuntimeError) as exc:
+        log.debug("close failed: %s", exc)
 
-    __slots__ = ("_exit_code", "_gone", "_on_resize", "dialect", "ws")
+
+class WebSocketEnd:
+    """What every client side over a prepared `WebSocketResponse` shares: its state and close."""
+
+    __slots__ = ("_gone", "ws")
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self._gone = False
+
+    @property
+    def gone(self) -> bool:
+        """True once nothing can flow either way."""
+        return self._gone or self.ws.closed
+
+    @property
+    def close_code(self) -> int | None:
+        """The close code sent or received, once the WebSocket closed."""
+        return self.ws.close_code
+
+    async def abort(self, reason: str) -> None:
+        """Close with 1011 and `reason`."""
+        await self.close(CloseCode.INTERNAL_ERROR, reason)
+
+    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
+        """Send a close frame with `code` and `reason` and finish."""
+        self._gone = True
+        await close_websocket(self.ws, code, reason)
+
+
+class WebSocketClient(WebSocketEnd):
+    """A console's `ClientStream` over a prepared `WebSocketResponse`, in a channel dialect."""
+
+    __slots__ = ("_exit_code", "_on_resize", "dialect")
 
     def __init__(
         self,
@@ -75,21 +119,10 @@ class WebSocketClient:
         on_resize: Callable[[TerminalSize], None] | None = None,
         exit_code: Callable[[], int | None] = lambda: None,
     ) -> None:
-        self.ws = ws
+        super().__init__(ws)
         self.dialect = dialect
         self._on_resize = on_resize
         self._exit_code = exit_code
-        self._gone = False
-
-    @property
-    def gone(self) -> bool:
-        """True once the WebSocket is closing or closed."""
-        return self._gone or self.ws.closed
-
-    @property
-    def close_code(self) -> int | None:
-        """The close code sent or received, once the WebSocket closed."""
-        return self.ws.close_code
 
     async def hello(self) -> None:
         """Tell channel clients the stream is up: an empty message on stdout, as kubelet does."""
@@ -146,19 +179,6 @@ class WebSocketClient:
             body = json.dumps(exited(self._exit_code()), separators=(",", ":")).encode()
             await self._send(channels.encode(self.dialect, channels.ERROR, body))
         await self.close(CloseCode.NORMAL, "the backend closed the connection")
-
-    async def abort(self, reason: str) -> None:
-        """Close with 1011 and `reason`."""
-        await self.close(CloseCode.INTERNAL_ERROR, reason)
-
-    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
-        """Send a close frame with `code` and `reason` (truncated to fit) and finish."""
-        self._gone = True
-        message = reason.encode()[:MAX_REASON]
-        try:
-            await self.ws.close(code=code, message=message)
-        except (OSError, RuntimeError) as exc:
-            log.debug("close failed: %s", exc)
 
     async def _send(self, message: bytes | str) -> None:
         if isinstance(message, str):
