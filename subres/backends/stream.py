@@ -10,24 +10,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import socket
 import struct
-from collections.abc import Callable
 from typing import Protocol
 
 from subres.backends.endpoint import Target
-from subres.protocol.channels import TerminalSize
+from subres.protocol.channels import ChannelError, parse_resize
 
 __all__ = [
     "BackendStalled",
     "BackendUnavailable",
     "ByteStream",
-    "Resizable",
     "SocketStream",
+    "Terminal",
     "dial",
-    "exit_code",
-    "resizer",
 ]
+
+log = logging.getLogger(__name__)
 
 CLOSE_GRACE = 5.0
 """Seconds a closing socket may take to flush before it is aborted."""
@@ -62,24 +62,36 @@ class ByteStream(Protocol):
         ...
 
 
-class Resizable(Protocol):
-    """A backend with a window size (a PTY, an SSH session), told when the client's changes."""
+class Terminal:
+    """What a console client tells its backend besides bytes, and asks of it at the end.
 
-    def resize(self, size: TerminalSize) -> None:
-        """Queue the new size; it takes effect in the order sizes came."""
-        ...
+    A backend with a window size (a PTY, an SSH session) has a `resize(size)`
+    method; one that runs a command has an `exit_code` attribute, read once
+    its output ended. Sockets have neither: resizes are dropped and the exit
+    is unknown (None).
+    """
 
+    __slots__ = ("_backend",)
 
-def resizer(backend: ByteStream) -> Callable[[TerminalSize], None] | None:
-    """The backend's `resize`, when it has one."""
-    resize = getattr(backend, "resize", None)
-    return resize if callable(resize) else None
+    def __init__(self, backend: ByteStream) -> None:
+        self._backend = backend
 
+    def resized(self, message: bytes) -> None:
+        """A client's resize message (one or more JSON sizes): passed on, or dropped."""
+        resize = getattr(self._backend, "resize", None)
+        try:
+            sizes = parse_resize(message)
+        except ChannelError as exc:
+            log.debug("ignoring resize: %s", exc)
+            return
+        if callable(resize):
+            for size in sizes:
+                resize(size)
 
-def exit_code(backend: ByteStream) -> int | None:
-    """What a backend that runs a command reports once its output ended (`exit_code`), if any."""
-    code = getattr(backend, "exit_code", None)
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    def exit_code(self) -> int | None:
+        """The command's exit status, when the backend ran one and it is known."""
+        code = getattr(self._backend, "exit_code", None)
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
 class SocketStream(asyncio.Protocol):

@@ -19,16 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 
 from aiohttp import web
 
-from subres.backends import stream as backends
-from subres.backends.stream import ByteStream
+from subres.backends.stream import ByteStream, Terminal
 from subres.engine.spdy import SpdySession, SpdyStream
 from subres.kube.status import exited, failure
-from subres.protocol import channels, httpstream
-from subres.protocol.channels import ChannelError, TerminalSize
+from subres.protocol import httpstream
 from subres.protocol.spdy import Role
 from subres.server import portforward_spdy, session, subresource
 from subres.server.state import State
@@ -63,12 +60,7 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
         spdy = SpdySession(
             socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
         )
-        client = RemoteCommandClient(
-            spdy,
-            protocol,
-            on_resize=backends.resizer(backend),
-            exit_code=lambda: backends.exit_code(backend),
-        )
+        client = RemoteCommandClient(spdy, protocol, Terminal(backend))
         async with (
             spdy,
             session.live(
@@ -102,14 +94,11 @@ class RemoteCommandClient:
         self,
         session: SpdySession,
         protocol: str,
-        *,
-        on_resize: Callable[[TerminalSize], None] | None = None,
-        exit_code: Callable[[], int | None] = lambda: None,
+        terminal: Terminal,
     ) -> None:
         self.session = session
         self.protocol = protocol
-        self._on_resize = on_resize
-        self._exit_code = exit_code
+        self.terminal = terminal
         self.streams: dict[str, SpdyStream] = {}
         self._arrived = asyncio.Event()
         self._done = False
@@ -176,7 +165,8 @@ class RemoteCommandClient:
         for kind in ("stdout", "stderr"):
             if kind in self.streams:
                 await self.streams[kind].write_eof()
-        await self._finish(json.dumps(exited(self._exit_code())) if self.protocol == V4 else "")
+        status = exited(self.terminal.exit_code())
+        await self._finish(json.dumps(status) if self.protocol == V4 else "")
 
     async def abort(self, reason: str) -> None:
         """Report `reason` as a failure on the error stream and finish."""
@@ -213,11 +203,4 @@ class RemoteCommandClient:
     async def _resizes(self, stream: SpdyStream) -> None:
         """Window sizes, one JSON object after another, to the backend when it takes them."""
         while data := await stream.read():
-            try:
-                sizes = channels.parse_resize(data)
-            except ChannelError as exc:
-                log.debug("ignoring resize: %s", exc)
-                continue
-            if self._on_resize is not None:
-                for size in sizes:
-                    self._on_resize(size)
+            self.terminal.resized(data)

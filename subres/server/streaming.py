@@ -10,8 +10,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from subres.backends import stream as backends
-from subres.backends.stream import ByteStream
+from subres.backends.stream import ByteStream, Terminal
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol.channels import Dialect
@@ -51,12 +50,7 @@ async def serve(
     exclusive: bool,
 ) -> web.WebSocketResponse:
     """Upgrade, then pump between the client and `backend` until either ends."""
-    client = WebSocketClient(
-        ws,
-        dialect,
-        on_resize=backends.resizer(backend),
-        exit_code=lambda: backends.exit_code(backend),
-    )
+    client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
         await ws.prepare(request)
         async with session.live(

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 
 from aiohttp import WSMsgType, web
 
+from subres.backends.stream import Terminal
 from subres.kube.status import exited
 from subres.protocol import channels
-from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing, TerminalSize
+from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing
 from subres.streams import internals
 
 __all__ = [
@@ -109,20 +109,18 @@ class WebSocketEnd:
 class WebSocketClient(WebSocketEnd):
     """A console's `ClientStream` over a prepared `WebSocketResponse`, in a channel dialect."""
 
-    __slots__ = ("_exit_code", "_on_resize", "dialect")
+    __slots__ = ("dialect", "terminal")
 
     def __init__(
         self,
         ws: web.WebSocketResponse,
         dialect: Dialect,
         *,
-        on_resize: Callable[[TerminalSize], None] | None = None,
-        exit_code: Callable[[], int | None] = lambda: None,
+        terminal: Terminal | None = None,
     ) -> None:
         super().__init__(ws)
         self.dialect = dialect
-        self._on_resize = on_resize
-        self._exit_code = exit_code
+        self.terminal = terminal
 
     async def hello(self) -> None:
         """Tell channel clients the stream is up: an empty message on stdout, as kubelet does."""
@@ -148,8 +146,8 @@ class WebSocketClient(WebSocketEnd):
                 if self.dialect.framing is Framing.RAW:
                     return await self._more(bytes(event.data))
                 return event.data
-            elif event.channel == channels.RESIZE:
-                self._resize(event.data)
+            elif event.channel == channels.RESIZE and self.terminal is not None:
+                self.terminal.resized(event.data)
         return b""
 
     async def _more(self, data: bytes) -> bytes:
@@ -159,16 +157,6 @@ class WebSocketClient(WebSocketEnd):
             self._gone = True
         return data
 
-    def _resize(self, data: bytes) -> None:
-        try:
-            sizes = channels.parse_resize(data)
-        except ChannelError as exc:
-            log.debug("ignoring resize: %s", exc)
-            return
-        if self._on_resize is not None:
-            for size in sizes:
-                self._on_resize(size)
-
     async def write(self, data: bytes) -> None:
         """Send backend output on stdout; waits while the client is slow."""
         await self._send(channels.encode(self.dialect, channels.STDOUT, data))
@@ -176,7 +164,8 @@ class WebSocketClient(WebSocketEnd):
     async def write_eof(self) -> None:
         """The backend ended: report its exit status on the error channel (v4+), then close 1000."""
         if self.dialect.status:
-            body = json.dumps(exited(self._exit_code()), separators=(",", ":")).encode()
+            code = self.terminal.exit_code() if self.terminal is not None else None
+            body = json.dumps(exited(code), separators=(",", ":")).encode()
             await self._send(channels.encode(self.dialect, channels.ERROR, body))
         await self.close(CloseCode.NORMAL, "the backend closed the connection")
 
