@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import websockets
 import yaml
+from websockets.asyncio.client import connect
 
 from subres.server import certs
 from subres.server.options import Options
@@ -142,6 +144,19 @@ class Standalone:
         """A subresource URL of machine `default/name`."""
         path = f"/apis/{GROUP_VERSION}/namespaces/default/machines/{name}/{sub}"
         return f"{scheme}://127.0.0.1:{self.server.port}{path}"
+
+    def websocket(self, url: str, *protocols: str, close_timeout: float = 10) -> connect:
+        """A `websockets` client of `url` as the test user, offering `protocols`, no compression."""
+        return connect(
+            url,
+            ssl=self.client_ssl,
+            additional_headers=self.auth,
+            subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
+            compression=None,
+            max_size=None,
+            open_timeout=5,
+            close_timeout=close_timeout,
+        )
 
     @property
     def auth(self) -> dict[str, str]:

@@ -35,15 +35,7 @@ async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
 
 
 def ws_connect(subres: Standalone, name: str, *protocols: str) -> connect:
-    return connect(
-        subres.url(name),
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
-        compression=None,
-        max_size=None,
-        open_timeout=5,
-    )
+    return subres.websocket(subres.url(name), *protocols)
 
 
 def frame(dialect: str | None, channel: int, data: bytes) -> bytes | str:

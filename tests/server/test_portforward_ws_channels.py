@@ -40,15 +40,7 @@ def query(*ports: int | str) -> str:
 
 
 def ws_connect(subres: Standalone, path: str, *protocols: str) -> connect:
-    return connect(
-        subres.url("vm1", path),
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
-        compression=None,
-        max_size=None,
-        open_timeout=5,
-    )
+    return subres.websocket(subres.url("vm1", path), *protocols)
 
 
 def prefix(channel: int, port: int) -> bytes:

@@ -48,16 +48,7 @@ async def subres(
 
 
 def ws_connect(subres: Standalone, path: str, *protocols: str) -> connect:
-    return connect(
-        subres.url("vm1", path),
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
-        compression=None,
-        max_size=None,
-        open_timeout=5,
-        close_timeout=10,
-    )
+    return subres.websocket(subres.url("vm1", path), *protocols)
 
 
 async def _send_all(ws: ClientConnection, size: int) -> None:

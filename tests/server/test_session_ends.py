@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import websockets
-from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.server.portforward_support import pf_machine, port_of
@@ -84,18 +82,6 @@ async def until(predicate: Callable[[], bool]) -> None:
             await asyncio.sleep(0.02)
 
 
-def ws(subres: Standalone, url: str, *protocols: str) -> connect:
-    return connect(
-        url,
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
-        compression=None,
-        max_size=None,
-        open_timeout=5,
-    )
-
-
 async def flood_until_closed(conn: Any) -> ConnectionClosed:
     """Send until the server closes the WebSocket; the close it sent."""
     chunk = os.urandom(1 << 16)
@@ -114,7 +100,7 @@ async def test_backend_that_takes_nothing_ends_the_session_with_1011(
         machine("vm1", console=stuck.url),
         session=session_config(backendWriteTimeout=1),
     ) as subres:
-        async with ws(subres, subres.url("vm1")) as conn:
+        async with subres.websocket(subres.url("vm1")) as conn:
             closed = await flood_until_closed(conn)
         assert closed.rcvd is not None
         assert closed.rcvd.code == 1011
@@ -126,7 +112,7 @@ async def test_backend_that_takes_nothing_ends_the_session_with_1011(
 async def test_backend_reset_is_1011_with_the_os_reason(tmp_path: Path, resetting: Backend) -> None:
     async with start_standalone(tmp_path, machine("vm1", console=resetting.url)) as subres:
         for dialect in ("v5.channel.k8s.io", "plain.kubevirt.io"):
-            async with ws(subres, subres.url("vm1"), dialect) as conn:
+            async with subres.websocket(subres.url("vm1"), dialect) as conn:
                 await conn.send(b"\x00hello" if dialect.startswith("v5") else b"hello")
                 with pytest.raises(ConnectionClosed) as closed:
                     async with asyncio.timeout(TIMEOUT):
@@ -140,7 +126,7 @@ async def test_backend_reset_is_1011_with_the_os_reason(tmp_path: Path, resettin
 async def test_port_forward_backend_reset_is_1011(tmp_path: Path, resetting: Backend) -> None:
     port = port_of(resetting.url)
     async with start_standalone(tmp_path, pf_machine("vm1", [port])) as subres:
-        async with ws(subres, subres.url("vm1", f"portforward/{port}")) as conn:
+        async with subres.websocket(subres.url("vm1", f"portforward/{port}")) as conn:
             await conn.send(b"hello")
             with pytest.raises(ConnectionClosed) as closed:
                 async with asyncio.timeout(TIMEOUT):
@@ -209,7 +195,7 @@ async def test_session_end_is_logged_and_counted(
     try:
         async with start_standalone(tmp_path, machine("vm1", console=backend.url)) as subres:
             caplog.set_level(logging.INFO, logger="subres.server.session")
-            async with ws(subres, subres.url("vm1"), "v5.channel.k8s.io") as conn:
+            async with subres.websocket(subres.url("vm1"), "v5.channel.k8s.io") as conn:
                 await conn.send(b"\x00" + b"x" * 1000)
                 received = 0
                 async with asyncio.timeout(TIMEOUT):

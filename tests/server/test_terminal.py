@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import websockets
-from websockets.asyncio.client import connect
 
 from subres.backends import stream as sockets
 from subres.backends.stream import SocketStream
@@ -85,12 +83,7 @@ async def test_client_go_exits_with_the_backends_exit_status(
 async def test_websocket_resizes_reach_the_backend_in_order(
     subres: Standalone, dialed: list[TerminalBackend]
 ) -> None:
-    async with connect(
-        subres.url("vm1"),
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol("v5.channel.k8s.io")],
-    ) as conn:
+    async with subres.websocket(subres.url("vm1"), "v5.channel.k8s.io") as conn:
         await conn.send(b"\x04" + b'{"Width":80,"Height":24}{"Width":132,"Height":43}')
         await conn.send(b"\x04not json")
         await conn.send(b"\x04" + b'{"Width":100,"Height":40}')

@@ -42,15 +42,7 @@ async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
 
 
 def ws_connect(subres: Standalone, name: str, *protocols: str, query: str = "") -> connect:
-    return connect(
-        subres.url(name, "vnc") + query,
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
-        compression=None,
-        max_size=None,
-        open_timeout=5,
-    )
+    return subres.websocket(subres.url(name, "vnc") + query, *protocols)
 
 
 async def refused(
