@@ -75,22 +75,29 @@ def identity(state: State) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        creds = _credentials(request)
-        try:
-            user = await state.authenticator.authenticate(creds)
-        except Unauthenticated as exc:
-            log.info("%s %s: unauthenticated: %s", request.method, request.path, exc)
-            raise StatusError(401, "Unauthorized") from None
-        attrs = attributes.from_request(request.method, request.path)
-        decision = await state.authorizer.authorize(user, attrs)
-        if not decision.allowed:
-            if user.anonymous:
-                raise StatusError(401, "Unauthorized")
-            raise StatusError(403, _forbidden(user.name, attrs), details=_details(attrs))
-        request[USER] = user
+        # A streaming handler runs for hours inside this frame: keep nothing in it
+        # but the request (the credentials and attributes die with `_admit`'s frame).
+        request[USER] = await _admit(state, request)
         return await handler(request)
 
     return middleware
+
+
+async def _admit(state: State, request: web.Request) -> UserInfo:
+    """The request's user, if authenticated and authorized (401, 403 otherwise)."""
+    creds = _credentials(request)
+    try:
+        user = await state.authenticator.authenticate(creds)
+    except Unauthenticated as exc:
+        log.info("%s %s: unauthenticated: %s", request.method, request.path, exc)
+        raise StatusError(401, "Unauthorized") from None
+    attrs = attributes.from_request(request.method, request.path)
+    decision = await state.authorizer.authorize(user, attrs)
+    if not decision.allowed:
+        if user.anonymous:
+            raise StatusError(401, "Unauthorized")
+        raise StatusError(403, _forbidden(user.name, attrs), details=_details(attrs))
+    return user
 
 
 def _credentials(request: web.Request) -> Credentials:

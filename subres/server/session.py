@@ -6,21 +6,20 @@ Every handler runs its live part inside `live(...)`, after the upgrade:
         await s.run(pump(client, backend, s.record.traffic))
 
 Entering registers the session (an exclusive one takes over its predecessor)
-and counts it; `run` runs the work in a task of its own, so that when aiohttp
-cancels the handler because the client's connection was lost, the work is
-stopped and cleaned up rather than interrupted; leaving forgets the session,
-records how and why it ended (`Record`), updates the metrics and logs one
-line. This is the place that audit, observers and Leases hook into.
+and counts it; `run` awaits the work and keeps its outcome, or that the
+client's connection was lost (aiohttp then cancels the handler, and the work
+stops both directions as it unwinds); leaving forgets the session, records
+how and why it ended (`Record`), updates the metrics and logs one line. This
+is the place that audit, observers and Leases hook into.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,11 +91,28 @@ class Record:
 
 
 class Live:
-    """A session while it lives: what the registry closes, with its `Record`."""
+    """A session while it lives: what the registry closes, with its `Record`.
 
-    def __init__(self, record: Record, client: Closable) -> None:
+    Enter it (`async with`) once the client is upgraded; `live()` builds it.
+    """
+
+    def __init__(
+        self, state: State, record: Record, client: Closable, key: SessionKey | None
+    ) -> None:
+        self.state = state
         self.record = record
         self.client = client
+        self.key = key
+
+    async def __aenter__(self) -> Live:
+        await self.state.sessions.start(self.key, self, holder=self.record.user)
+        self.state.metrics.session_started(self.record.subresource)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.state.sessions.end(self.key, self)
+        _finish(self.record, self.client)
+        _report(self.state, self.record)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the client side (a takeover, a shutdown), remembering the code and reason."""
@@ -105,22 +121,22 @@ class Live:
             self.record.reason = reason
         await self.client.close(code, reason)
 
-    async def run(self, work: Coroutine[Any, Any, Outcome]) -> Outcome:
-        """Run the session's work to its end; a lost client connection stops it cleanly."""
-        task = asyncio.create_task(work)
+    async def run(self, work: Awaitable[Outcome]) -> Outcome:
+        """Run the session's work to its end and keep how it ended.
+
+        aiohttp cancels the handler when the client's connection is lost; the
+        work's own cleanup (every pump stops its directions in `finally`)
+        runs, and the session is recorded as ended by the client.
+        """
         try:
-            outcome = await asyncio.shield(task)
+            self.record.outcome = await work
         except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.wait([task])
             self.record.outcome = LOST
             raise
-        self.record.outcome = outcome
-        return outcome
+        return self.record.outcome
 
 
-@contextlib.asynccontextmanager
-async def live(
+def live(
     state: State,
     request: web.Request,
     *,
@@ -128,8 +144,8 @@ async def live(
     dialect: str,
     client: Closable,
     exclusive: bool = False,
-) -> AsyncIterator[Live]:
-    """Register, count and finally record a session whose client is `client`."""
+) -> Live:
+    """The session of `client`, to enter once upgraded: registered, counted, finally recorded."""
     user = request[USER]
     record = Record(
         subresource=target.spec.name,
@@ -142,35 +158,33 @@ async def live(
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
     )
-    session = Live(record, client)
     key = SessionKey(target.spec.name, target.namespace, target.name) if exclusive else None
-    await state.sessions.start(key, session, holder=user.name)
-    state.metrics.session_started(record.subresource)
-    try:
-        yield session
-    finally:
-        state.sessions.end(key, session)
-        _finish(record, client)
-        state.metrics.session_ended(
-            subresource=record.subresource,
-            dialect=record.dialect,
-            ending=record.outcome.ending.value if record.outcome else Ending.ERROR.value,
-            seconds=(record.ended or record.started) - record.started,
-            traffic=record.traffic,
-        )
-        log.info(
-            "%s of %s by %s (%s) ended by %s after %.1fs, %d B up, %d B down: %s",
-            record.subresource,
-            record.machine,
-            record.user,
-            record.dialect,
-            record.outcome.ending.value if record.outcome else "error",
-            (record.ended or record.started) - record.started,
-            record.traffic.up,
-            record.traffic.down,
-            record.reason,
-            extra={"fields": record.fields()},
-        )
+    return Live(state, record, client, key)
+
+
+def _report(state: State, record: Record) -> None:
+    ending = record.outcome.ending.value if record.outcome else Ending.ERROR.value
+    seconds = (record.ended or record.started) - record.started
+    state.metrics.session_ended(
+        subresource=record.subresource,
+        dialect=record.dialect,
+        ending=ending,
+        seconds=seconds,
+        traffic=record.traffic,
+    )
+    log.info(
+        "%s of %s by %s (%s) ended by %s after %.1fs, %d B up, %d B down: %s",
+        record.subresource,
+        record.machine,
+        record.user,
+        record.dialect,
+        ending,
+        seconds,
+        record.traffic.up,
+        record.traffic.down,
+        record.reason,
+        extra={"fields": record.fields()},
+    )
 
 
 def _finish(record: Record, client: Closable) -> None:

@@ -16,7 +16,7 @@ import enum
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from subres.backends.stream import ByteStream
 
@@ -76,31 +76,79 @@ class _BackendFailed(Exception):
 
 
 async def pump(client: ClientStream, backend: ByteStream, traffic: Traffic) -> Outcome:
-    """Copy both ways until the session ends; the caller closes the backend."""
-    up = asyncio.create_task(_up(client, backend, traffic))
+    """Copy both ways until the session ends; the caller closes the backend.
+
+    The upload runs in the caller's task and the download in one of its own
+    (a task less per idle session). When the download ends first, `_Stop`
+    interrupts the upload: at once if the client or the backend failed, after
+    `END_GRACE` when the backend ended and the client was told.
+    """
     down = asyncio.create_task(_down(backend, client, traffic))
+    stop = _Stop(asyncio.current_task())
+    down.add_done_callback(stop.down_ended)
+    failure = ""
     try:
-        done, _ = await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
-        if down in done and down.result().ending is Ending.BACKEND:
-            # The client was told; its side ends once it has seen that.
-            await asyncio.wait([up], timeout=END_GRACE)
-        outcome = _outcome(up, down)
-        if outcome.ending is Ending.ERROR:
-            log.info("%s", outcome.reason)
-            await client.abort(outcome.reason)
-        return outcome
+        await _up(client, backend, traffic)
+    except _BackendFailed as exc:
+        failure = str(exc)
+    except asyncio.CancelledError:
+        if not stop.uncancel():
+            raise  # not ours: the handler's (the client's connection is gone)
     finally:
-        for task in (up, down):
-            task.cancel()
-        # wait() never raises the children's cancellation, only our own.
-        await asyncio.wait([up, down])
+        stop.disarm()
+        down.remove_done_callback(stop.down_ended)
+        down.cancel()
+        # wait() never raises the child's cancellation, only our own.
+        await asyncio.wait([down])
+    outcome = _outcome(down, failure)
+    if outcome.ending is Ending.ERROR:
+        log.info("%s", outcome.reason)
+        await client.abort(outcome.reason)
+    return outcome
 
 
-def _outcome(up: asyncio.Task[None], down: asyncio.Task[Outcome]) -> Outcome:
-    if down.done():
+class _Stop:
+    """Cancels the upload's task once the download ended, and owns up to having done so."""
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        assert task is not None, "pump runs in a task"
+        self._task = task
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed = True
+        self._fired = False
+
+    def down_ended(self, down: asyncio.Task[Outcome]) -> None:
+        if down.cancelled() or not self._armed:
+            return
+        if down.result().ending is Ending.BACKEND:
+            # The client was told; its side ends once it has seen that.
+            self._timer = asyncio.get_running_loop().call_later(END_GRACE, self._fire)
+        else:
+            self._fire()
+
+    def _fire(self) -> None:
+        # A callback scheduled before `disarm` may still run: it must not cancel anything.
+        if self._armed:
+            self._fired = True
+            self._task.cancel()
+
+    def uncancel(self) -> bool:
+        """True (and the cancellation undone) when the cancellation came from here."""
+        if self._fired:
+            self._task.uncancel()
+        return self._fired
+
+    def disarm(self) -> None:
+        self._armed = False
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def _outcome(down: asyncio.Task[Outcome], failure: str) -> Outcome:
+    if down.done() and not down.cancelled():
         return down.result()
-    if up.done() and (error := up.exception()) is not None:
-        return Outcome(Ending.ERROR, str(error))
+    if failure:
+        return Outcome(Ending.ERROR, failure)
     return Outcome(Ending.CLIENT, "the client went away")
 
 

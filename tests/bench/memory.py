@@ -229,7 +229,7 @@ def trace_table(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot, session
         "| where allocated | KiB/session | blocks/session |",
         "| --- | ---: | ---: |",
     ]
-    for s in sorted(stats, key=lambda s: s.size_diff, reverse=True)[:15]:
+    for s in sorted(stats, key=lambda s: s.size_diff, reverse=True)[:40]:
         frame = s.traceback[0]
         where = f"{_short(frame.filename)}:{frame.lineno}"
         lines.append(
