@@ -45,11 +45,18 @@ import yaml
 from subres.server import certs
 from tests import gotools
 from tests.bench.client import GROUP_PATH, RAW
-from tests.bench.procs import ROOT, Child, live_children, spawn, spawn_program, tree_cpu_seconds
+from tests.bench.procs import (
+    ROOT,
+    Child,
+    build_loadgen,
+    live_children,
+    spawn,
+    spawn_program,
+    tree_cpu_seconds,
+)
 
 __all__ = ["PATHS", "main"]
 
-LOADGEN = Path(__file__).resolve().parent / "loadgen"
 MIB = 1024 * 1024
 START_TIMEOUT = 60.0
 """Seconds a relay (or kubepeer) may take to start listening."""
@@ -192,30 +199,6 @@ def table(rows: Sequence[Row], total: int) -> str:
 
 
 # --- setup -----------------------------------------------------------------------------------
-
-
-def build_loadgen() -> Path:
-    """Build `loadgen` once per source version into the Go tools' cache."""
-    flags = "-s -w"
-    target = gotools.cache_dir() / "bin" / f"loadgen-{gotools.source_key(LOADGEN, flags)}"
-    if target.is_file() and os.access(target, os.X_OK):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    env = {**os.environ, "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -mod=mod".strip()}
-    try:
-        subprocess.run(
-            ["go", "build", "-trimpath", "-buildvcs=false", "-ldflags", flags, "-o", partial, "."],
-            cwd=LOADGEN,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=gotools.BUILD_TIMEOUT_S,
-        )
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target
 
 
 @dataclass(frozen=True)

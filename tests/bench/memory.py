@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from tests.bench.client import RAW, Target
 from tests.bench.procs import Child, cpu_seconds, memory_kib, spawn
 
 if TYPE_CHECKING:
@@ -35,6 +37,8 @@ SETTLE_STEP = 0.5
 """Seconds between memory samples while waiting for RSS to settle."""
 WARMUP_SESSIONS = 64
 WARMUP_BATCH = 16
+OPEN_TIMEOUT = 30.0
+"""Seconds one warm-up session may take to open or close."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,14 @@ async def settle(pid: int, max_samples: int) -> dict[str, int]:
     return samples[-1]
 
 
+async def open_close(target: Target, machine: str, tls: ssl.SSLContext | None) -> None:
+    """One whole session: TLS, upgrade (after the backend dial), close handshake."""
+    async with target.connect(machine, RAW, tls, OPEN_TIMEOUT):
+        pass
+
+
 async def warm_up(server: Server, http: aiohttp.ClientSession) -> None:
     """Open and close a few sessions so the baseline includes one-time costs."""
-    from tests.bench.bench_console import open_close
-
     tls = server.target.ssl_context()
     for _ in range(0, WARMUP_SESSIONS, WARMUP_BATCH):
         # Distinct machines within a batch: no session takes over another.

@@ -12,15 +12,28 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Child", "cpu_seconds", "memory_kib", "spawn", "spawn_program", "tree_cpu_seconds"]
+from tests import gotools
+
+__all__ = [
+    "Child",
+    "build_loadgen",
+    "cpu_seconds",
+    "memory_kib",
+    "spawn",
+    "spawn_program",
+    "tree_cpu_seconds",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout: children run from here so `python -m tests.bench…` imports work."""
+LOADGEN = Path(__file__).resolve().parent / "loadgen"
+"""The Go client, source and sink of the benchmarks."""
 STOP_TIMEOUT = 10.0
 """Seconds a child gets for each step of stopping."""
 
@@ -157,3 +170,27 @@ def live_children(pid: int) -> list[int]:
             with contextlib.suppress(OSError):
                 found += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+def build_loadgen() -> Path:
+    """Build `loadgen` once per source version into the Go tools' cache."""
+    flags = "-s -w"
+    target = gotools.cache_dir() / "bin" / f"loadgen-{gotools.source_key(LOADGEN, flags)}"
+    if target.is_file() and os.access(target, os.X_OK):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    env = {**os.environ, "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -mod=mod".strip()}
+    try:
+        subprocess.run(
+            ["go", "build", "-trimpath", "-buildvcs=false", "-ldflags", flags, "-o", partial, "."],
+            cwd=LOADGEN,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=gotools.BUILD_TIMEOUT_S,
+        )
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target

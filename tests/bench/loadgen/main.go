@@ -15,12 +15,18 @@
 //	    -ca the connection is TLS trusting that CA; -channel adds and strips
 //	    kubelet's port-forward channel byte. Prints one JSON line: seconds
 //	    (after the connection is set up) and the client's own CPU seconds.
+//	loadgen sessions -url URL -n N -c C [-ca FILE] [-token T] [-subprotocol P]
+//	    Opens and closes N WebSocket sessions, C at a time: TLS handshake,
+//	    upgrade, close handshake, hang-up. Worker w replaces "{w}" in the URL
+//	    with its number, so no session takes over another's console. Prints one
+//	    JSON line: seconds, sessions, failed, the first error, client CPU.
 package main
 
 import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +34,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,7 +46,7 @@ const chunk = 64 * 1024
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen backend|tcp|ws [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen backend|tcp|ws|sessions [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -47,6 +55,8 @@ func main() {
 		err = backend(os.Args[2:])
 	case "tcp", "ws":
 		err = client(os.Args[1], os.Args[2:])
+	case "sessions":
+		err = sessions(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -321,4 +331,93 @@ func wsRead(conn *websocket.Conn, want int64, channel bool) error {
 		}
 	}
 	return nil
+}
+
+// --- sessions -------------------------------------------------------------
+
+func sessions(args []string) error {
+	fs := flag.NewFlagSet("sessions", flag.ContinueOnError)
+	url := fs.String("url", "", "wss:// URL; {w} becomes the worker's number")
+	ca := fs.String("ca", "", "use TLS, trusting this CA file")
+	token := fs.String("token", "", "bearer token")
+	subprotocol := fs.String("subprotocol", "", "subprotocol to offer")
+	total := fs.Int("n", 100, "sessions in all")
+	workers := fs.Int("c", 1, "sessions at a time")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	tlsConfig, err := tlsFor(*ca)
+	if err != nil {
+		return err
+	}
+	dialer := websocket.Dialer{TLSClientConfig: tlsConfig, HandshakeTimeout: 30 * time.Second}
+	if *subprotocol != "" {
+		dialer.Subprotocols = []string{*subprotocol}
+	}
+	header := http.Header{}
+	if *token != "" {
+		header.Set("Authorization", "Bearer "+*token)
+	}
+	jobs := make(chan struct{}, *total)
+	for range *total {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	errs := make(chan error, *total)
+	start := time.Now()
+	done := make(chan struct{})
+	for w := range *workers {
+		target := strings.ReplaceAll(*url, "{w}", strconv.Itoa(w))
+		go func() {
+			for range jobs {
+				errs <- openClose(&dialer, target, header)
+			}
+			done <- struct{}{}
+		}()
+	}
+	for range *workers {
+		<-done
+	}
+	seconds := time.Since(start).Seconds()
+	close(errs)
+	failed, first := 0, ""
+	for err := range errs {
+		if err != nil {
+			if failed == 0 {
+				first = err.Error()
+			}
+			failed++
+		}
+	}
+	out, _ := json.Marshal(map[string]any{
+		"seconds": seconds, "sessions": *total, "failed": failed, "first_error": first, "cpu": cpuSeconds(),
+	})
+	fmt.Println(string(out))
+	return nil
+}
+
+// openClose is one whole session: dial (TLS, upgrade), then the close handshake.
+func openClose(dialer *websocket.Dialer, url string, header http.Header) error {
+	conn, resp, err := dialer.Dial(url, header)
+	if err != nil {
+		if resp != nil {
+			return fmt.Errorf("%w: %s", err, resp.Status)
+		}
+		return err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	_ = conn.SetReadDeadline(deadline)
+	if err := conn.WriteControl(websocket.CloseMessage,
+		websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), deadline); err != nil {
+		return err
+	}
+	for {
+		if _, _, err := conn.NextReader(); err != nil {
+			if websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+				return nil
+			}
+			return err
+		}
+	}
 }
