@@ -17,41 +17,26 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass
-from typing import Any, BinaryIO
-from urllib.parse import quote, urlsplit
+from typing import BinaryIO
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-from websockets.http11 import Response
-from websockets.typing import Subprotocol
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
-from subres.cli import kubeconfig, terminal
+from subres.cli import api, kubeconfig, terminal
+from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.protocol import channels
 from subres.protocol.channels import ChannelData, Dialect
 
-__all__ = [
-    "DEFAULT_GROUP_VERSION",
-    "SUBPROTOCOLS",
-    "ConsoleError",
-    "Target",
-    "add_arguments",
-    "main",
-    "parse_duration",
-    "parse_target",
-    "url",
-]
+__all__ = ["SUBPROTOCOLS", "add_arguments", "main", "parse_duration"]
 
 SUBPROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 """Offered in this order: v5 can tell the server that stdin ended."""
-DEFAULT_GROUP_VERSION = "subresources.subres.dev/v1alpha1"
 ESCAPE = b"\x1d"
 """Ctrl+]: leaves an interactive session, as in telnet and virtctl."""
 READ_SIZE = 65536
 MAX_MESSAGE = 4 * 1024 * 1024
 """Largest message accepted from the server; servers send one backend read per message."""
-OPEN_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
 RETRY_CODES = frozenset({409, 503})
 """Not running yet, backend not reachable yet: worth waiting for with `--timeout`."""
@@ -61,33 +46,6 @@ NORMAL_CLOSURE = 1000
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-class ConsoleError(Exception):
-    """Ends the command: printed as `error: …`, exit code 1."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """The object whose console to open: `kind/name` as typed, and the plural resource."""
-
-    kind: str
-    resource: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.kind}/{self.name}"
-
-
-def parse_target(text: str) -> Target:
-    """`NAME` or `KIND/NAME`; the kind defaults to `machine`."""
-    kind, _, name = text.rpartition("/")
-    kind = kind.lower() or "machine"
-    if not name or "/" in kind:
-        raise ConsoleError(f"expected NAME or KIND/NAME, got {text!r}")
-    # Resources are plurals; a kind typed in the singular gets the English plural.
-    resource = kind if kind.endswith("s") else kind + "s"
-    return Target(kind=kind, resource=resource, name=name)
 
 
 def parse_duration(text: str) -> float:
@@ -102,7 +60,9 @@ def parse_duration(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `console` flags (the client connection flags are added by the caller)."""
-    parser.add_argument("target", metavar="[machine/]NAME", help="the machine to connect to")
+    parser.add_argument(
+        "target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to connect to"
+    )
     parser.add_argument(
         "--timeout",
         type=parse_duration,
@@ -112,39 +72,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is unavailable (e.g. 30s, 5m; default 0: no retry)",
     )
     parser.add_argument(
-        "--api-group-version", default=DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
     )
 
 
+@api.command
 def main(ns: argparse.Namespace) -> int:
     """Run a console session; the exit code."""
-    try:
-        target = parse_target(ns.target)
-        config = kubeconfig.from_args(ns)
-        address = url(config, group_version=ns.api_group_version, target=target)
-        return asyncio.run(_console(config, address=address, target=target, retry_for=ns.timeout))
-    except (kubeconfig.KubeconfigError, ConsoleError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    typed = api.parse_target(ns.target)
+    config = kubeconfig.from_args(ns)
+    return asyncio.run(_console(config, typed, group_version=ns.api_group_version, ns=ns))
 
 
-def url(config: ClientConfig, *, group_version: str, target: Target) -> str:
-    """The WebSocket URL of `target`'s console in `config`'s namespace."""
-    parts = urlsplit(config.server)
-    scheme = "wss" if parts.scheme == "https" else "ws"
-    path = "/".join(
-        quote(segment, safe="")
-        for segment in ("namespaces", config.namespace, target.resource, target.name, "console")
+async def _console(
+    config: ClientConfig, typed: api.TargetText, *, group_version: str, ns: argparse.Namespace
+) -> int:
+    target = await api.resolve(
+        typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
-    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/apis/{group_version}/{path}"
-
-
-async def _console(config: ClientConfig, *, address: str, target: Target, retry_for: float) -> int:
-    ws = await _connect(config, address=address, target=target, retry_for=retry_for)
+    address = api.object_url(config, target, group_version=group_version) + "/console"
+    ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
     try:
         dialect = channels.negotiate([ws.subprotocol or ""], SUBPROTOCOLS)
         if dialect is None:
-            raise ConsoleError(f"the server agreed to none of {', '.join(SUBPROTOCOLS)}")
+            raise CommandError(f"the server agreed to none of {', '.join(SUBPROTOCOLS)}")
         fd = sys.stdin.fileno()
         if not os.isatty(fd):
             return await _Session(ws, dialect, fd=fd, interactive=False).run()
@@ -165,48 +116,24 @@ async def _connect(
     announced = False
     while True:
         try:
-            return await _open(config, address)
-        except InvalidStatus as exc:
-            message = _status_message(exc.response)
+            return await api.connect(
+                config,
+                address,
+                target=target,
+                subprotocols=SUBPROTOCOLS,
+                max_size=MAX_MESSAGE,
+                close_timeout=CLOSE_TIMEOUT,
+            )
+        except ServerError as exc:
             remaining = deadline - loop.time()
-            if exc.response.status_code not in RETRY_CODES or remaining <= 0:
-                raise ConsoleError(message) from None
+            if exc.code not in RETRY_CODES or remaining <= 0:
+                raise
             if not announced:
-                print(f"{target}: {message}; waiting", file=sys.stderr, flush=True)
+                print(f"{target}: {exc.message}; waiting", file=sys.stderr, flush=True)
                 announced = True
             # Backoff between attempts, not synchronisation: the server has no event to wait on.
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, MAX_BACKOFF)
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            raise ConsoleError(f"cannot connect to {config.server}: {exc}") from None
-
-
-async def _open(config: ClientConfig, address: str) -> ClientConnection:
-    tls: dict[str, Any] = {}
-    if address.startswith("wss:"):
-        tls["ssl"] = config.ssl
-        if config.server_hostname:
-            tls["server_hostname"] = config.server_hostname
-    return await connect(
-        address,
-        subprotocols=[Subprotocol(p) for p in SUBPROTOCOLS],
-        additional_headers=dict(config.headers),
-        compression=None,
-        max_size=MAX_MESSAGE,
-        open_timeout=OPEN_TIMEOUT,
-        close_timeout=CLOSE_TIMEOUT,
-        **tls,
-    )
-
-
-def _status_message(response: Response) -> str:
-    """The message of the `Status` an error answer carries, else its body or status line."""
-    body = response.body or b""
-    status = _json_object(body)
-    if status is not None and status.get("message"):
-        return str(status["message"])
-    text = body.decode("utf-8", "replace").strip()
-    return text or f"{response.status_code} {response.reason_phrase}"
 
 
 class _Stdin:
@@ -257,7 +184,7 @@ class _Output:
         try:
             await asyncio.to_thread(self._write, data)
         except OSError as exc:
-            raise ConsoleError(f"cannot write output: {exc}") from None
+            raise CommandError(f"cannot write output: {exc}") from None
 
     def _write(self, data: bytes) -> None:
         self._stream.write(data)
@@ -294,7 +221,7 @@ class _Session:
                 # stdin ended (or the server is closing): output flows until the server is done.
                 await asyncio.wait({down, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if stop.done():
-                    raise ConsoleError("stopped by a signal")
+                    raise CommandError("stopped by a signal")
                 down.result()
             return self._outcome()
         finally:
@@ -329,7 +256,7 @@ class _Session:
             try:
                 event = channels.decode(self._dialect, message)
             except channels.ChannelError as exc:
-                raise ConsoleError(f"malformed message from the server: {exc}") from None
+                raise CommandError(f"malformed message from the server: {exc}") from None
             if isinstance(event, ChannelData):
                 await self._deliver(event)
 
@@ -340,8 +267,8 @@ class _Session:
             await self._stderr.write(event.data)
         elif event.channel == channels.ERROR:
             self._status += event.data
-            status = _json_object(self._status)
-            if status is not None and status.get("status") != "Success":
+            status = api.json_object(self._status)
+            if status and status.get("status") != "Success":
                 # The session failed: do not wait for a server that fails to hang up after it.
                 await self._ws.close()
 
@@ -366,30 +293,22 @@ class _Session:
         """0 for a clean end; raises with the server's words otherwise."""
         failure = self._failure()
         if failure is not None:
-            raise ConsoleError(failure)
+            raise CommandError(failure)
         code = self._ws.close_code
         if code == NORMAL_CLOSURE:
             return 0
         reason = self._ws.close_reason or "no reason given"
         if code is None or code == 1006:
-            raise ConsoleError("lost the connection to the server")
-        raise ConsoleError(f"the server closed the console ({code}): {reason}")
+            raise CommandError("lost the connection to the server")
+        raise CommandError(f"the server closed the console ({code}): {reason}")
 
     def _failure(self) -> str | None:
         """The message of a non-Success `Status` on the error channel."""
         if not self._status:
             return None
-        status = _json_object(self._status)
-        if status is None:
+        status = api.json_object(self._status)
+        if not status:
             return self._status.decode("utf-8", "replace")
         if status.get("status") == "Success":
             return None
         return str(status.get("message") or status.get("reason") or "the session failed")
-
-
-def _json_object(data: bytes | bytearray) -> dict[str, Any] | None:
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None

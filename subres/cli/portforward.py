@@ -22,28 +22,23 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
-from urllib.parse import quote, urlsplit
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-from websockets.typing import Subprotocol
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
-from subres.cli import carriers, kubeconfig, terminal
+from subres.cli import api, carriers, kubeconfig, terminal
+from subres.cli.api import CommandError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
 from subres.protocol import portforward_spdy as pairs
 from subres.protocol.spdy import Role, SpdyError
 
 __all__ = [
-    "DEFAULT_GROUP_VERSION",
     "TRANSPORTS",
-    "ForwardError",
     "Link",
     "PortSpec",
     "SpdyLink",
@@ -54,20 +49,14 @@ __all__ = [
     "add_arguments",
     "bridge",
     "main",
-    "object_url",
     "open_link",
     "parse_port",
-    "parse_target",
-    "status_message",
 ]
 
-DEFAULT_GROUP_VERSION = "subresources.subres.dev/v1alpha1"
 SUBPROTOCOL = "plain.kubevirt.io"
 READ_SIZE = 65536
 MAX_MESSAGE = 4 * 1024 * 1024
 OPEN_TIMEOUT = 30.0
-PING_INTERVAL = 5.0
-"""client-go's SPDY ping period; three silent periods end the session."""
 HALF_CLOSE_TIMEOUT = 60.0
 """After our close frame, seconds the remote side may keep replying."""
 UDP_QUEUE = 256
@@ -75,6 +64,8 @@ UDP_QUEUE = 256
 COMPLAINT_WAIT = 5.0
 """After a data stream ends, seconds its error stream may take to end (with any message)."""
 MAX_COMPLAINT = 64 * 1024
+PING_INTERVAL = 5.0
+"""client-go's SPDY ping period; three silent periods end the session."""
 TRANSPORT_HELP = (
     "how connections reach the server. websocket (the default): one KubeVirt-style "
     "WebSocket per connection; it passes through kube-apiserver and any proxy with no "
@@ -85,10 +76,6 @@ TRANSPORT_HELP = (
 )
 
 
-class ForwardError(Exception):
-    """Ends the command: printed as `error: …`, exit code 1."""
-
-
 @dataclass(frozen=True)
 class PortSpec:
     """One forwarded port: `protocol` is tcp or udp; `local` 0 picks a free port."""
@@ -96,23 +83,6 @@ class PortSpec:
     protocol: str
     local: int
     remote: int
-
-
-@dataclass(frozen=True)
-class Target:
-    """The machine: the plural resource and the name."""
-
-    resource: str
-    name: str
-
-
-def parse_target(text: str) -> Target:
-    """`NAME` or `KIND/NAME`; the kind defaults to `machine`."""
-    kind, _, name = text.rpartition("/")
-    kind = kind.lower() or "machine"
-    if not name or "/" in kind:
-        raise ForwardError(f"expected NAME or KIND/NAME, got {text!r}")
-    return Target(resource=kind if kind.endswith("s") else kind + "s", name=name)
 
 
 def parse_port(text: str) -> PortSpec:
@@ -136,7 +106,9 @@ def _number(value: str, text: str, *, low: int) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `port-forward` flags (the client connection flags are added by the caller)."""
-    parser.add_argument("target", metavar="[machine/]NAME", help="the machine to forward to")
+    parser.add_argument(
+        "target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to forward to"
+    )
     parser.add_argument(
         "ports",
         metavar="[tcp|udp/]LOCAL[:REMOTE]",
@@ -161,30 +133,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=TRANSPORT_HELP,
     )
     parser.add_argument(
-        "--api-group-version", default=DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
     )
 
 
+@api.command
 def main(ns: argparse.Namespace) -> int:
     """Forward until interrupted (or, with --stdio, until the connection ends)."""
-    try:
-        target = parse_target(ns.target)
-        if ns.stdio and (len(ns.ports) != 1 or ns.ports[0].protocol != "tcp"):
-            raise ForwardError("--stdio forwards exactly one tcp port")
-        config = kubeconfig.from_args(ns)
-        transport = TRANSPORTS[ns.transport](
-            config, group_version=ns.api_group_version, target=target
+    typed = api.parse_target(ns.target)
+    if ns.stdio and (len(ns.ports) != 1 or ns.ports[0].protocol != "tcp"):
+        raise CommandError("--stdio forwards exactly one tcp port")
+    if not TRANSPORTS[ns.transport].udp and any(spec.protocol == "udp" for spec in ns.ports):
+        raise CommandError(
+            f"--transport {ns.transport} carries tcp only; use --transport websocket for udp"
         )
-        if not transport.udp and any(spec.protocol == "udp" for spec in ns.ports):
-            raise ForwardError(
-                f"--transport {ns.transport} carries tcp only; use --transport websocket for udp"
-            )
-        if ns.stdio:
-            return asyncio.run(_stdio(transport, ns.ports[0].remote))
-        return asyncio.run(_listen(transport, ns.ports, address=ns.address))
-    except (kubeconfig.KubeconfigError, ForwardError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    config = kubeconfig.from_args(ns)
+    return asyncio.run(_forward(config, typed, ns))
+
+
+async def _forward(config: ClientConfig, typed: api.TargetText, ns: argparse.Namespace) -> int:
+    group_version = ns.api_group_version
+    target = await api.resolve(
+        typed, config, group_version=group_version, namespace_flag=ns.namespace
+    )
+    transport = TRANSPORTS[ns.transport](config, group_version=group_version, target=target)
+    if ns.stdio:
+        return await _stdio(transport, ns.ports[0].remote)
+    return await _listen(transport, ns.ports, address=ns.address)
 
 
 class Link(Protocol):
@@ -214,7 +189,7 @@ class Transport(Protocol):
     """It can carry UDP flows."""
 
     async def open(self, remote: int, protocol: str) -> Link:
-        """A connection to the machine's `remote` port; `ForwardError` when refused."""
+        """A connection to the machine's `remote` port; `CommandError` when refused."""
         ...
 
     async def close(self) -> None:
@@ -251,45 +226,16 @@ class WebSocketLink:
             await self._closing
 
 
-def object_url(
-    config: ClientConfig, *, group_version: str, target: Target, websocket: bool = True
-) -> str:
-    """The URL of `target` in `config`'s namespace (ws/wss, or the server's own scheme).
-
-    Subresources go below it.
-    """
-    parts = urlsplit(config.server)
-    scheme = parts.scheme
-    if websocket:
-        scheme = "wss" if parts.scheme == "https" else "ws"
-    path = "/".join(
-        quote(s, safe="") for s in ("namespaces", config.namespace, target.resource, target.name)
+async def open_link(config: ClientConfig, url: str, *, target: Target) -> WebSocketLink:
+    """A raw KubeVirt-style WebSocket to `url`; `CommandError` with the server's reason."""
+    ws = await api.connect(
+        config,
+        url,
+        target=target,
+        subprotocols=[SUBPROTOCOL],
+        max_size=MAX_MESSAGE,
+        close_timeout=HALF_CLOSE_TIMEOUT,
     )
-    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/apis/{group_version}/{path}"
-
-
-async def open_link(config: ClientConfig, url: str) -> WebSocketLink:
-    """A raw KubeVirt-style WebSocket to `url`; `ForwardError` with the server's reason."""
-    tls: dict[str, Any] = {}
-    if url.startswith("wss:"):
-        tls["ssl"] = config.ssl
-        if config.server_hostname:
-            tls["server_hostname"] = config.server_hostname
-    try:
-        ws = await connect(
-            url,
-            subprotocols=[Subprotocol(SUBPROTOCOL)],
-            additional_headers=dict(config.headers),
-            compression=None,
-            max_size=MAX_MESSAGE,
-            open_timeout=OPEN_TIMEOUT,
-            close_timeout=HALF_CLOSE_TIMEOUT,
-            **tls,
-        )
-    except InvalidStatus as exc:
-        raise ForwardError(status_message(exc.response.body, exc.response.status_code)) from None
-    except (OSError, TimeoutError, WebSocketException) as exc:
-        raise ForwardError(f"cannot connect to {config.server}: {exc}") from None
     return WebSocketLink(ws)
 
 
@@ -300,10 +246,12 @@ class WebSocketTransport:
 
     def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
         self._config = config
-        self._base = object_url(config, group_version=group_version, target=target)
+        self._target = target
+        self._base = api.object_url(config, target, group_version=group_version)
 
     async def open(self, remote: int, protocol: str) -> Link:
-        return await open_link(self._config, f"{self._base}/portforward/{remote}/{protocol}")
+        url = f"{self._base}/portforward/{remote}/{protocol}"
+        return await open_link(self._config, url, target=self._target)
 
     async def close(self) -> None:
         pass  # nothing is shared: every link is its own WebSocket
@@ -322,13 +270,13 @@ class SpdyLink:
         await self._data.write(data)
 
     async def receive(self) -> bytes | None:
-        """The next chunk; None at the end; `ForwardError` with the server's complaint."""
+        """The next chunk; None at the end; `CommandError` with the server's complaint."""
         if chunk := await self._data.read():
             return chunk
         # The server writes its complaint before it ends the pair.
         done, _ = await asyncio.wait([self._complaint], timeout=COMPLAINT_WAIT)
         if done and (message := self._complaint.result()):
-            raise ForwardError(message)
+            raise CommandError(message)
         return None
 
     async def half_close(self) -> None:
@@ -362,7 +310,8 @@ class SpdyTransport:
 
     def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
         self._config = config
-        self._base = object_url(config, group_version=group_version, target=target, websocket=False)
+        self._target = target
+        self._base = api.object_url(config, target, group_version=group_version, websocket=False)
         self._client: SpdySession | None = None
         self._dialing = asyncio.Lock()
         self._request_ids = itertools.count()
@@ -378,7 +327,7 @@ class SpdyTransport:
             await error.write_eof()  # we never write on it, as client-go
             data = client.open_stream({pairs.STREAM_TYPE_HEADER: pairs.DATA, **common})
         except SpdyError as exc:
-            raise ForwardError(f"cannot open a stream: {exc}") from None
+            raise CommandError(f"cannot open a stream: {exc}") from None
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
                 await error.wait_replied()
@@ -386,7 +335,7 @@ class SpdyTransport:
         except (ConnectionResetError, TimeoutError):
             error.reset()
             data.reset()
-            raise ForwardError("the server did not accept the port-forward streams") from None
+            raise CommandError("the server did not accept the port-forward streams") from None
         return SpdyLink(error, data)
 
     async def close(self) -> None:
@@ -407,9 +356,9 @@ class SpdyTransport:
             async with asyncio.timeout(OPEN_TIMEOUT):
                 return await self._upgrade(f"{self._base}/portforward")
         except carriers.UpgradeRefused as exc:
-            raise ForwardError(status_message(exc.body, exc.status)) from None
+            raise api.refusal(exc.status, exc.body, target=self._target) from None
         except (OSError, TimeoutError) as exc:
-            raise ForwardError(f"cannot connect to {self._config.server}: {exc}") from None
+            raise api.unreachable(self._config, exc) from None
 
     async def _upgrade(self, url: str) -> Carrier:
         c = self._config
@@ -436,23 +385,12 @@ class TunnelTransport(SpdyTransport):
         )
 
 
-TRANSPORTS: dict[str, Callable[..., Transport]] = {
+TRANSPORTS: dict[str, type[WebSocketTransport | SpdyTransport]] = {
     "websocket": WebSocketTransport,
     "spdy": SpdyTransport,
     "tunnel": TunnelTransport,
 }
 """Transports by `--transport` name."""
-
-
-def status_message(body: bytes | bytearray | None, code: int) -> str:
-    """The message of the `Status` in an error answer, else its body, else the code."""
-    try:
-        status = json.loads(body or b"")
-    except ValueError:
-        status = None
-    if isinstance(status, dict) and status.get("message"):
-        return str(status["message"])
-    return (body or b"").decode("utf-8", "replace").strip() or f"the server answered {code}"
 
 
 async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link) -> None:
@@ -508,7 +446,7 @@ async def _start(
             lambda r, w: _serve_tcp(transport, spec, r, w), address, spec.local
         )
     except OSError as exc:
-        raise ForwardError(f"cannot listen on {address}:{spec.local}: {exc.strerror}") from None
+        raise CommandError(f"cannot listen on {address}:{spec.local}: {exc.strerror}") from None
     stack.push_async_callback(_stop_server, server)
     return int(server.sockets[0].getsockname()[1])
 
@@ -527,7 +465,7 @@ async def _serve_tcp(
     try:
         link = await transport.open(spec.remote, "tcp")
         await bridge(reader, writer, link)
-    except ForwardError as exc:
+    except CommandError as exc:
         print(f"error: port {spec.remote}: {exc}", file=sys.stderr, flush=True)
     finally:
         writer.close()
@@ -550,7 +488,7 @@ async def _stdio_link(link: Link) -> int:
         )
     except ValueError as exc:  # a regular file: asyncio cannot watch it
         await link.close()
-        raise ForwardError(f"--stdio needs pipes or sockets: {exc}") from None
+        raise CommandError(f"--stdio needs pipes or sockets: {exc}") from None
     writer = asyncio.StreamWriter(out, protocol, None, loop)
     try:
         await bridge(reader, writer, link)
@@ -571,7 +509,7 @@ class _UdpFlow:
     async def _run(self) -> None:
         try:
             link = await self._relay.transport.open(self._relay.spec.remote, "udp")
-        except ForwardError as exc:
+        except CommandError as exc:
             print(f"error: udp port {self._relay.spec.remote}: {exc}", file=sys.stderr, flush=True)
             return
         sender = asyncio.create_task(self._send(link))

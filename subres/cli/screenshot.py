@@ -12,11 +12,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-import aiohttp
-
-from subres.cli import kubeconfig, portforward
+from subres.cli import api, kubeconfig
+from subres.cli.api import CommandError
 from subres.cli.kubeconfig import ClientConfig
-from subres.cli.portforward import ForwardError
 
 __all__ = ["PNG_SIGNATURE", "add_arguments", "main"]
 
@@ -28,64 +26,45 @@ MAX_BODY = 256 << 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `screenshot` flags (the client connection flags are added by the caller)."""
-    parser.add_argument("target", metavar="[machine/]NAME", help="the machine to capture")
+    parser.add_argument("target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to capture")
     parser.add_argument(
         "-o", "--output", required=True, metavar="FILE", help="PNG file to write (- for stdout)"
     )
     parser.add_argument(
-        "--api-group-version", default=portforward.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
     )
 
 
+@api.command
 def main(ns: argparse.Namespace) -> int:
     """Fetch and save one screenshot."""
+    typed = api.parse_target(ns.target)
+    config = kubeconfig.from_args(ns)
+    png = asyncio.run(_fetch(config, typed, ns))
     try:
-        target = portforward.parse_target(ns.target)
-        config = kubeconfig.from_args(ns)
-        base = portforward.object_url(
-            config, group_version=ns.api_group_version, target=target, websocket=False
-        )
-        png = asyncio.run(_fetch(config, f"{base}/screenshot"))
         if ns.output == "-":
             sys.stdout.buffer.write(png)
             sys.stdout.buffer.flush()
         else:
             Path(ns.output).write_bytes(png)
-    except (kubeconfig.KubeconfigError, ForwardError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     except OSError as exc:
-        print(f"error: cannot write {ns.output}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        raise CommandError(f"cannot write {ns.output}: {exc.strerror or exc}") from None
     return 0
 
 
-async def _fetch(config: ClientConfig, url: str) -> bytes:
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as http,
-            http.get(
-                url,
-                headers=dict(config.headers),
-                ssl=config.ssl if config.ssl is not None else True,
-                server_hostname=config.server_hostname,
-            ) as response,
-        ):
-            body = await _body(response)
-            if response.status != 200:
-                raise ForwardError(portforward.status_message(body, response.status))
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise ForwardError(f"cannot get {url}: {exc or type(exc).__name__}") from None
+async def _fetch(config: ClientConfig, typed: api.TargetText, ns: argparse.Namespace) -> bytes:
+    group_version = ns.api_group_version
+    target = await api.resolve(
+        typed, config, group_version=group_version, namespace_flag=ns.namespace
+    )
+    base = api.object_url(config, target, group_version=group_version, websocket=False)
+    body = await api.get(
+        config,
+        f"{base}/screenshot",
+        target=target,
+        max_body=MAX_BODY,
+        request_timeout=REQUEST_TIMEOUT,
+    )
     if not body.startswith(PNG_SIGNATURE):
-        raise ForwardError(f"the server's answer is not a PNG image ({len(body)} bytes)")
+        raise CommandError(f"the server's answer is not a PNG image ({len(body)} bytes)")
     return body
-
-
-async def _body(response: aiohttp.ClientResponse) -> bytes:
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise ForwardError(f"the server's answer is over {MAX_BODY} bytes")
-    return bytes(body)

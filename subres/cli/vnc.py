@@ -19,9 +19,10 @@ import shutil
 import signal
 import sys
 
-from subres.cli import kubeconfig, portforward, terminal
+from subres.cli import api, kubeconfig, portforward, terminal
+from subres.cli.api import CommandError, Target
 from subres.cli.kubeconfig import ClientConfig
-from subres.cli.portforward import ForwardError, Link
+from subres.cli.portforward import Link
 
 __all__ = ["VIEWERS", "add_arguments", "main", "viewer_command"]
 
@@ -35,7 +36,7 @@ VIEWER_STOP_TIMEOUT = 5.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `vnc` flags (the client connection flags are added by the caller)."""
-    parser.add_argument("target", metavar="[machine/]NAME", help="the machine to view")
+    parser.add_argument("target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to view")
     parser.add_argument(
         "--proxy-only",
         action="store_true",
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: remote-viewer, else vncviewer)",
     )
     parser.add_argument(
-        "--api-group-version", default=portforward.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
     )
 
 
@@ -62,45 +63,53 @@ def viewer_command(template: str | None) -> list[str]:
     """The viewer's argv template: `--viewer`'s, else the first known viewer installed."""
     if template is not None:
         if "{port}" not in template:
-            raise ForwardError("--viewer needs {port} (and usually {address}) in its command")
+            raise CommandError("--viewer needs {port} (and usually {address}) in its command")
         return shlex.split(template)
     for program, command in VIEWERS:
         if shutil.which(program):
             return shlex.split(command)
     names = " or ".join(program for program, _ in VIEWERS)
-    raise ForwardError(f"no VNC viewer found: install {names}, or use --viewer or --proxy-only")
+    raise CommandError(f"no VNC viewer found: install {names}, or use --viewer or --proxy-only")
 
 
+@api.command
 def main(ns: argparse.Namespace) -> int:
     """Relay until interrupted (or until the viewer exits)."""
-    try:
-        target = portforward.parse_target(ns.target)
-        viewer = None if ns.proxy_only else viewer_command(ns.viewer)
-        config = kubeconfig.from_args(ns)
-        base = portforward.object_url(config, group_version=ns.api_group_version, target=target)
-        return asyncio.run(_Relay(config, f"{base}/vnc").run(ns.address, ns.port, viewer))
-    except (kubeconfig.KubeconfigError, ForwardError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    typed = api.parse_target(ns.target)
+    viewer = None if ns.proxy_only else viewer_command(ns.viewer)
+    config = kubeconfig.from_args(ns)
+    return asyncio.run(_vnc(config, typed, ns, viewer))
+
+
+async def _vnc(
+    config: ClientConfig, typed: api.TargetText, ns: argparse.Namespace, viewer: list[str] | None
+) -> int:
+    group_version = ns.api_group_version
+    target = await api.resolve(
+        typed, config, group_version=group_version, namespace_flag=ns.namespace
+    )
+    base = api.object_url(config, target, group_version=group_version)
+    return await _Relay(config, f"{base}/vnc", target).run(ns.address, ns.port, viewer)
 
 
 class _Relay:
     """The local listener and the WebSocket of each connection it accepts."""
 
-    def __init__(self, config: ClientConfig, url: str) -> None:
+    def __init__(self, config: ClientConfig, url: str, target: Target) -> None:
         self._config = config
         self._url = url
+        self._target = target
         self._ready: Link | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
 
     async def run(self, address: str, port: int, viewer: list[str] | None) -> int:
-        self._ready = await portforward.open_link(self._config, self._url)
+        self._ready = await portforward.open_link(self._config, self._url, target=self._target)
         try:
             server = await asyncio.start_server(self._serve, address, port)
         except OSError as exc:
             await self._ready.close()
-            raise ForwardError(f"cannot listen on {address}:{port}: {exc.strerror}") from None
+            raise CommandError(f"cannot listen on {address}:{port}: {exc.strerror}") from None
         bound = int(server.sockets[0].getsockname()[1])
         try:
             with terminal.on_signals((signal.SIGINT, signal.SIGTERM), self._stop.set):
@@ -118,7 +127,7 @@ class _Relay:
         try:
             proc = await asyncio.create_subprocess_exec(*argv)
         except OSError as exc:
-            raise ForwardError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+            raise CommandError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
         waiter = asyncio.create_task(proc.wait())
         stopped = asyncio.create_task(self._stop.wait())
         await asyncio.wait([waiter, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -140,10 +149,10 @@ class _Relay:
         try:
             link, self._ready = self._ready, None
             if link is None:
-                link = await portforward.open_link(self._config, self._url)
+                link = await portforward.open_link(self._config, self._url, target=self._target)
             await portforward.bridge(reader, writer, link)
-        except ForwardError as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        except CommandError as exc:
+            print(exc.line(), file=sys.stderr, flush=True)
         except asyncio.CancelledError:
             # Only we cancel these, on exit; asyncio would log a cancelled
             # connection handler as an unhandled error.

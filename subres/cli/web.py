@@ -16,20 +16,18 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
-import json
 import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
 from urllib.parse import quote, urlsplit
 
 from aiohttp import WSMsgType, web
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-from websockets.typing import Subprotocol
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
-from subres.cli import kubeconfig, portforward, terminal
+from subres.cli import api, kubeconfig, terminal
+from subres.cli.api import CommandError, ServerError
 from subres.cli.kubeconfig import ClientConfig
 from subres.web import page
 
@@ -41,14 +39,17 @@ DEFAULT_PORT = 8070
 SUBRESOURCES = ("console", "vnc")
 BEARER_PREFIX = "base64url.bearer.authorization.k8s.io."
 MAX_MESSAGE = 4 * 1024 * 1024
-OPEN_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 10.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `web` flags (the client connection flags are added by the caller)."""
     parser.add_argument(
-        "target", metavar="[machine/]NAME", nargs="?", help="the machine the page opens first"
+        "target",
+        metavar="[TYPE/|NAMESPACE/]NAME",
+        nargs="?",
+        help="the machine the page opens first",
     )
     parser.add_argument(
         "--port",
@@ -60,33 +61,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
     )
     parser.add_argument(
-        "--api-group-version", default=portforward.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
     )
 
 
+@api.command
 def main(ns: argparse.Namespace) -> int:
     """Serve the page until interrupted."""
-    try:
-        target = portforward.parse_target(ns.target) if ns.target else None
-        config = kubeconfig.from_args(ns)
-    except (kubeconfig.KubeconfigError, portforward.ForwardError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    typed = api.parse_target(ns.target) if ns.target else None
+    config = kubeconfig.from_args(ns)
+    if not page.assets_built():
+        raise CommandError("the page's scripts are missing: reinstall subres")
+    return asyncio.run(_web(config, typed, ns))
+
+
+async def _web(config: ClientConfig, typed: api.TargetText | None, ns: argparse.Namespace) -> int:
+    target = None
+    if typed is not None:
+        target = await api.resolve(
+            typed, config, group_version=ns.api_group_version, namespace_flag=ns.namespace
+        )
     settings = page.PageSettings(
         api_prefix=f"/apis/{ns.api_group_version}",
-        resource=target.resource if target else "machines",
+        resource=target.resource if target else api.DEFAULT_TYPES[0],
+        types=(target.resource, target.kind) if target else api.DEFAULT_TYPES,
         namespace=config.namespace,
-        machine=f"{config.namespace}/{target.name}" if target else "",
+        machine=f"{target.namespace}/{target.name}" if target else "",
         bearer=False,
     )
-    if not page.assets_built():
-        print("error: the page's scripts are missing: reinstall subres", file=sys.stderr)
-        return 1
     try:
-        return asyncio.run(_serve(build(config, settings), ns.address, ns.port, settings))
+        return await _serve(build(config, settings), ns.address, ns.port, settings)
     except OSError as exc:
-        print(f"error: cannot listen on {ns.address}:{ns.port}: {exc.strerror}", file=sys.stderr)
-        return 1
+        raise CommandError(f"cannot listen on {ns.address}:{ns.port}: {exc.strerror}") from None
 
 
 def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
@@ -184,12 +190,17 @@ async def _relay(
     if sub not in SUBRESOURCES:
         raise web.HTTPNotFound()
     try:
-        upstream = await _open(
-            config, _upstream_url(config, api_prefix, request), _offered(request)
+        upstream = await api.connect(
+            config,
+            _upstream_url(config, api_prefix, request),
+            subprotocols=_offered(request),
+            max_size=MAX_MESSAGE,
+            close_timeout=CLOSE_TIMEOUT,
         )
-    except _UpstreamError as exc:
+    except CommandError as exc:
+        code = exc.code if isinstance(exc, ServerError) else 502
         print(f"error: {request.match_info['name']} {sub}: {exc}", file=sys.stderr, flush=True)
-        return web.Response(status=exc.code, text=f"{exc}\n")
+        return web.Response(status=code, text=f"{exc}\n")
     chosen = upstream.subprotocol
     ws = web.WebSocketResponse(protocols=(chosen,) if chosen else (), max_msg_size=MAX_MESSAGE)
     live.add(ws)
@@ -221,48 +232,6 @@ def _upstream_url(config: ClientConfig, api_prefix: str, request: web.Request) -
     )
     query = f"?{request.query_string}" if request.query_string else ""
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}{api_prefix}/namespaces/{path}{query}"
-
-
-class _UpstreamError(Exception):
-    """The cluster refused or could not be reached; `code` is what the page gets."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-async def _open(config: ClientConfig, url: str, offered: list[str]) -> ClientConnection:
-    tls: dict[str, Any] = {}
-    if url.startswith("wss:"):
-        tls["ssl"] = config.ssl
-        if config.server_hostname:
-            tls["server_hostname"] = config.server_hostname
-    try:
-        return await connect(
-            url,
-            subprotocols=[Subprotocol(p) for p in offered] or None,
-            additional_headers=dict(config.headers),
-            compression=None,
-            max_size=MAX_MESSAGE,
-            open_timeout=OPEN_TIMEOUT,
-            **tls,
-        )
-    except InvalidStatus as exc:
-        status = exc.response.status_code
-        raise _UpstreamError(_status_message(exc.response.body, status), status) from None
-    except (OSError, TimeoutError, WebSocketException) as exc:
-        raise _UpstreamError(f"cannot connect to {config.server}: {exc}", 502) from None
-
-
-def _status_message(body: bytes | bytearray | None, code: int) -> str:
-    """The message of the `Status` in an error answer, else its text or code."""
-    try:
-        status = json.loads(body or b"")
-    except ValueError:
-        status = None
-    if isinstance(status, dict) and status.get("message"):
-        return str(status["message"])
-    return (body or b"").decode("utf-8", "replace").strip() or f"the server answered {code}"
 
 
 async def _pump(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:

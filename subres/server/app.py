@@ -80,8 +80,13 @@ def build(state: State) -> web.Application:
         app.router.add_route(method, path, functools.partial(handler, state))
     _health_routes(app, state)
     # The browser page; anonymous users reach it only where `/ui/*` is an always-allowed path.
-    parent = state.config.parents[0].resource
-    page.add_routes(app, page.PageSettings(api_prefix=f"/apis/{group}/{version}", resource=parent))
+    parent = state.config.parents[0]
+    settings = page.PageSettings(
+        api_prefix=f"/apis/{group}/{version}",
+        resource=parent.resource,
+        types=(parent.resource, parent.singular),
+    )
+    page.add_routes(app, settings)
 
     async def on_shutdown(_: web.Application) -> None:
         await state.sessions.close_all("the server is shutting down")

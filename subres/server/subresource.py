@@ -63,7 +63,7 @@ def resolve(state: State, request: web.Request, subresource: str) -> Target:
     if obj is None:
         raise StatusError(
             404,
-            f'{parent.resource}.{parent.group} "{name}" not found',
+            f'{parent.resource}.{parent.group} "{name}" not found in namespace "{namespace}"',
             details={"name": name, "group": parent.group, "kind": parent.resource},
         )
     target = Target(parent, spec, namespace, name, obj)

@@ -45,6 +45,9 @@ class PageSettings:
     """Path of the subresources' group-version, e.g. `/apis/subresources.subres.dev/v1alpha1`."""
     resource: str = "machines"
     """Plural resource of the parents the page opens."""
+    types: tuple[str, ...] = ("machines", "machine")
+    """Names of that type: `TYPE/NAME` in the box means a name, any other `X/NAME` a namespace,
+    as in the CLI's targets."""
     namespace: str = "default"
     """Namespace of a machine named without one."""
     machine: str = ""

@@ -39,6 +39,16 @@ async def test_typing_in_the_demo_page_runs_a_command(
     await page.screenshot(tmp_path / "console.png")
 
 
+async def test_the_box_reads_targets_as_the_cli_does(browser: cdp.Browser, demo: Demo) -> None:
+    # TYPE/NAME with a type of the page, else NAMESPACE/NAME: the CLI's grammar.
+    assert "?machine=default/demo#" in demo.page_url
+    page = await browser.new_page()
+    for asked, shown in (("machine/demo", "default/demo"), ("lab/vm1", "lab/vm1")):
+        await page.goto(demo.page_url.replace("machine=default/demo", f"machine={asked}"))
+        machine = "document.getElementById('machine').textContent"
+        assert await page.wait_for(f"{machine} !== 'no machine' && {machine}") == shown
+
+
 async def next_size(queue: asyncio.Queue[dict[str, Any]], size: list[int]) -> None:
     """Wait (at most 10 s) for the resize message of `size` (cols, rows)."""
     wanted = {"Width": size[0], "Height": size[1]}

@@ -57,9 +57,11 @@ def test_interactive_session_restores_the_terminal(demo: Demo, workdir: Path) ->
         child.close(force=True)
 
 
-def test_piped_script_runs_and_exits_zero(demo: Demo, workdir: Path) -> None:
+# The page's box grammar: NAME, TYPE/NAME, NAMESPACE/NAME.
+@pytest.mark.parametrize("target", ["demo", "machine/demo", "default/demo"])
+def test_piped_script_runs_and_exits_zero(demo: Demo, workdir: Path, target: str) -> None:
     done = run_cli(
-        ["--kubeconfig", demo.kubeconfig, "console", "demo"],
+        ["--kubeconfig", demo.kubeconfig, "console", target],
         home=workdir,
         stdin=b"echo hi-$((1+2))\nexit\n",
     )
@@ -98,7 +100,10 @@ def test_namespace_flag_reaches_the_url(demo: Demo, workdir: Path) -> None:
         home=workdir,
     )
     assert done.returncode == 1
-    assert b'error: machines.subres.dev "demo" not found' in done.stderr
+    assert done.stderr == (
+        b'Error from server (NotFound): machines.subres.dev "demo" not found'
+        b' in namespace "elsewhere"\n'
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,7 +115,7 @@ def test_refused_console_prints_the_status_message(
 ) -> None:
     done = run_cli(["--kubeconfig", demo.kubeconfig, "console", name], home=workdir)
     assert done.returncode == 1
-    assert done.stderr.startswith(b"error: ")
+    assert done.stderr.startswith(b"Error from server (")
     assert expected in done.stderr
 
 
@@ -121,7 +126,7 @@ def test_wrong_token_is_unauthorized(demo: Demo, workdir: Path) -> None:
     kubeconfig.write_text(yaml.safe_dump(config))
     done = run_cli(["--kubeconfig", kubeconfig, "console", "demo"], home=workdir)
     assert done.returncode == 1
-    assert b"error: Unauthorized" in done.stderr
+    assert done.stderr == b"error: You must be logged in to the server (Unauthorized)\n"
 
 
 def test_missing_kubeconfig_is_a_clear_error(workdir: Path) -> None:
@@ -212,4 +217,4 @@ def test_timeout_gives_up_with_the_last_message(demo: Demo, workdir: Path) -> No
     assert done.returncode == 1
     lines = done.stderr.decode().splitlines()
     assert re.fullmatch(r"machine/stopped: .*Stopped.*; waiting", lines[0])
-    assert lines[-1].startswith("error: ") and "Stopped" in lines[-1]
+    assert lines[-1].startswith("Error from server (Conflict): ") and "Stopped" in lines[-1]

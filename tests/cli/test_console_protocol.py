@@ -32,6 +32,9 @@ V4 = "v4.channel.k8s.io"
 SUCCESS = b'\x03{"metadata":{},"status":"Success"}'
 STDIN_CLOSED = b"\xff\x00"
 
+DISCOVERY_PATH = "/apis/custom.example/v2"
+DISCOVERY = {"kind": "APIResourceList", "resources": [{"name": "vms/console", "kind": "VM"}]}
+
 Script = Callable[[ServerConnection, "FakeConsole"], None]
 
 
@@ -92,6 +95,8 @@ class FakeConsole:
         return messages
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if request.path.endswith(DISCOVERY_PATH):
+            return conn.respond(HTTPStatus.OK, json.dumps(DISCOVERY))
         self.requests.put((request.path, request.headers))
         if not self._refusals:
             return None
@@ -265,7 +270,8 @@ def test_no_retry_without_timeout_or_for_other_codes(
         )
         attempts = fake.requests.qsize()
     assert done.returncode == 1
-    assert done.stderr == f"error: refused with {code}\n".encode()
+    reason = {503: "ServiceUnavailable", 403: "Forbidden", 500: "InternalError", 404: "NotFound"}
+    assert done.stderr == f"Error from server ({reason[code]}): refused with {code}\n".encode()
     assert attempts == 1
 
 
@@ -291,7 +297,13 @@ def test_unreachable_server(workdir: Path, kubeconfig: Callable[[FakeConsole], P
         config, url = kubeconfig(fake), fake.url
     done = run_cli(["--kubeconfig", config, "console", "m1"], home=workdir)
     assert done.returncode == 1
-    assert done.stderr.startswith(f"error: cannot connect to {url}: ".encode())
+    assert (
+        done.stderr
+        == (
+            f"error: cannot connect to {url}: connection refused; "
+            "is the server running? check --kubeconfig/--context\n"
+        ).encode()
+    )
 
 
 def test_sigterm_ends_the_session_and_restores_the_terminal(

@@ -174,4 +174,7 @@ async def test_refused_upgrade_prints_the_status_message(
     async with asyncio.timeout(TIMEOUT):
         _, err = await proc.communicate(b"")
     assert proc.returncode == 1
-    assert err.startswith(b"error: ") and b'"vm9" not found' in err, err
+    assert err == (
+        b"Error from server (NotFound): "
+        b'machines.subres.dev "vm9" not found in namespace "default"\n'
+    ), err

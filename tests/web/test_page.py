@@ -34,6 +34,7 @@ async def test_the_page_and_its_settings(client: TestClient[web.Request, web.App
     assert settings == {
         "api_prefix": "/apis/g.example/v1",
         "resource": "machines",
+        "types": ["machines", "machine"],
         "namespace": "default",
         "machine": "lab/m1",
         "bearer": False,

@@ -29,10 +29,14 @@ if (machine) {
   showStatus('idle', 'pick a machine');
 }
 
+// The CLI's target grammar: NAME, TYPE/NAME when TYPE names this page's type, else NAMESPACE/NAME.
 function chooseMachine() {
   const asked = new URLSearchParams(location.search).get('machine') || settings.machine;
   if (!asked) return '';
-  return asked.includes('/') ? asked : `${settings.namespace}/${asked}`;
+  const slash = asked.indexOf('/');
+  const [first, name] = slash < 0 ? ['', asked] : [asked.slice(0, slash), asked.slice(slash + 1)];
+  if (!first || settings.types.includes(first.toLowerCase())) return `${settings.namespace}/${name}`;
+  return `${first}/${name}`;
 }
 
 // A token arrives in the fragment (which never reaches a server's logs); keep it

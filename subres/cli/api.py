@@ -1,0 +1,369 @@
+"""How a client verb reaches one object's subresource, and how it reports failure.
+
+Owns what every verb shares: the target grammar (the same as the browser
+page's box: `NAME`, `TYPE/NAME` when TYPE is a type this API serves, else
+`NAMESPACE/NAME`), the URL of an object's subresource, opening a WebSocket
+with the kubeconfig's credentials, and the words of a failure as kubectl
+prints them: `Error from server (NotFound): …` for a refusal, a hint for an
+unreachable server, never the repr of a library object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import ssl
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+from subres.cli import kubeconfig
+from subres.cli.kubeconfig import ClientConfig
+from subres.kube.status import REASONS
+
+if TYPE_CHECKING:
+    import argparse
+
+    from websockets.asyncio.client import ClientConnection
+
+__all__ = [
+    "DEFAULT_GROUP_VERSION",
+    "DEFAULT_TYPES",
+    "CommandError",
+    "ServerError",
+    "Target",
+    "TargetText",
+    "Unreachable",
+    "command",
+    "connect",
+    "describe",
+    "get",
+    "json_object",
+    "object_url",
+    "parse_target",
+    "refusal",
+    "resolve",
+    "unreachable",
+]
+
+DEFAULT_GROUP_VERSION = "subresources.subres.dev/v1alpha1"
+DEFAULT_TYPES = ("machines", "machine")
+"""The default parent's plural and singular: types known without asking the server."""
+OPEN_TIMEOUT = 30.0
+MAX_DISCOVERY = 4 << 20
+UNREACHABLE_HINT = "is the server running? check --kubeconfig/--context"
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A namespace name (DNS-1123 label)."""
+
+
+class CommandError(Exception):
+    """Ends a verb: printed as `error: …`, exit code 1."""
+
+    def line(self) -> str:
+        """What the user reads on stderr."""
+        return f"error: {self}"
+
+
+class ServerError(CommandError):
+    """The server refused: its `Status`, printed as kubectl prints one."""
+
+    def __init__(self, code: int, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or REASONS.get(code, "Unknown")
+        self.hint = ""
+
+    def line(self) -> str:
+        if self.code == 401:
+            text = "error: You must be logged in to the server (Unauthorized)"
+        else:
+            text = f"Error from server ({self.reason}): {self.message}"
+        return f"{text}\n{self.hint}" if self.hint else text
+
+
+class Unreachable(CommandError):
+    """The server could not be reached (refused, unresolvable, silent, or TLS failed)."""
+
+
+def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A verb's `main`: its failures printed on stderr as kubectl prints them, exit code 1."""
+
+    def main(ns: argparse.Namespace) -> int:
+        try:
+            return run(ns)
+        except kubeconfig.KubeconfigError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        except CommandError as exc:
+            print(exc.line(), file=sys.stderr, flush=True)
+        return 1
+
+    main.__doc__ = run.__doc__
+    return main
+
+
+@dataclass(frozen=True)
+class TargetText:
+    """A target as typed: `first` is a type or a namespace, decided by `resolve`."""
+
+    text: str
+    first: str | None
+    name: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """The object a verb works on."""
+
+    kind: str
+    """The type as the user named it (`machine` when they named none), for messages."""
+    resource: str
+    """Its plural resource in the URL."""
+    namespace: str
+    name: str
+    hint: str = ""
+    """Said after a 404: how the target was read, when its first part was a namespace."""
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def parse_target(text: str) -> TargetText:
+    """`NAME`, `TYPE/NAME` or `NAMESPACE/NAME` (which one `resolve` decides)."""
+    first, slash, name = text.partition("/")
+    if not slash:
+        first, name = "", text
+    if not name or "/" in name or (slash and not first):
+        raise CommandError(f"expected NAME, TYPE/NAME or NAMESPACE/NAME, got {text!r}")
+    return TargetText(text=text, first=first or None, name=name)
+
+
+async def resolve(
+    typed: TargetText, config: ClientConfig, *, group_version: str, namespace_flag: str | None
+) -> Target:
+    """The object `typed` names: its first part is a type when the API serves one by that name.
+
+    The default types need no request; any other first part is looked up in
+    the group-version's discovery document, and is a namespace if no type has it.
+    """
+    if typed.first is None:
+        return Target(DEFAULT_TYPES[1], DEFAULT_TYPES[0], config.namespace, typed.name)
+    first = typed.first.lower()
+    types = dict.fromkeys(DEFAULT_TYPES, DEFAULT_TYPES[0]) if _default(group_version) else {}
+    if first not in types:
+        types = await _discovered_types(config, group_version)
+    if first in types:
+        return Target(first, types[first], config.namespace, typed.name)
+    return _namespaced(typed, config, types, namespace_flag=namespace_flag)
+
+
+def _default(group_version: str) -> bool:
+    return group_version == DEFAULT_GROUP_VERSION
+
+
+def _namespaced(
+    typed: TargetText, config: ClientConfig, types: dict[str, str], *, namespace_flag: str | None
+) -> Target:
+    namespace = typed.first or ""
+    known = ", ".join(sorted(types)) or "none"
+    if not _LABEL.fullmatch(namespace):
+        raise CommandError(
+            f"unknown type {namespace!r} in {typed.text!r}: the types here are {known} "
+            "(and it cannot be a namespace either)"
+        )
+    if namespace_flag and namespace_flag != namespace:
+        raise CommandError(
+            f"{typed.text!r} names namespace {namespace!r} but -n says {namespace_flag!r}"
+        )
+    plural = next(iter(types.values()), DEFAULT_TYPES[0])
+    singular = next((t for t, p in types.items() if p == plural and t != plural), plural)
+    hint = (
+        f'hint: "{typed.text}" was read as NAMESPACE/NAME; {namespace!r} is not a type here '
+        f"(the types are {known}), so for a type/name pair use one of those"
+    )
+    return Target(singular, plural, namespace, typed.name, hint=hint)
+
+
+async def _discovered_types(config: ClientConfig, group_version: str) -> dict[str, str]:
+    """Every name of every type `group_version` serves (plural, lowercased kind) → plural."""
+    url = f"{config.server}/apis/{group_version}"
+    try:
+        body = await get(config, url, max_body=MAX_DISCOVERY)
+    except ServerError as exc:
+        if exc.code == 404 and _default(group_version):
+            return dict.fromkeys(DEFAULT_TYPES, DEFAULT_TYPES[0])  # no discovery: the defaults
+        raise
+    types: dict[str, str] = {}
+    for resource in json_object(body).get("resources") or []:
+        if not isinstance(resource, dict):
+            continue
+        plural = str(resource.get("name") or "").partition("/")[0]
+        if plural:
+            types[plural] = plural
+            if kind := str(resource.get("kind") or "").lower():
+                types.setdefault(kind, plural)
+    return types
+
+
+async def get(
+    config: ClientConfig,
+    url: str,
+    *,
+    max_body: int,
+    target: Target | None = None,
+    request_timeout: float = OPEN_TIMEOUT,
+) -> bytes:
+    """The body of a GET of `url` with the kubeconfig's credentials.
+
+    `ServerError` for any answer but 200 (with `target`'s hint on a 404),
+    `CommandError` for a body over `max_body` bytes, `Unreachable` as for `connect`.
+    """
+    import aiohttp
+
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=request_timeout)) as http,
+            http.get(
+                url,
+                headers=dict(config.headers),
+                ssl=config.ssl if config.ssl is not None else True,
+                server_hostname=config.server_hostname,
+            ) as response,
+        ):
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > max_body:
+                    raise CommandError(f"the server's answer is over {max_body} bytes")
+            if response.status != 200:
+                raise refusal(response.status, body, target=target)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise unreachable(config, exc) from None
+    return bytes(body)
+
+
+def object_url(
+    config: ClientConfig, target: Target, *, group_version: str, websocket: bool = True
+) -> str:
+    """The URL of `target` (ws/wss, or the server's own scheme); subresources go below it."""
+    parts = urlsplit(config.server)
+    scheme = parts.scheme
+    if websocket:
+        scheme = "wss" if parts.scheme == "https" else "ws"
+    path = "/".join(
+        quote(s, safe="") for s in ("namespaces", target.namespace, target.resource, target.name)
+    )
+    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/apis/{group_version}/{path}"
+
+
+async def connect(
+    config: ClientConfig,
+    url: str,
+    *,
+    target: Target | None = None,
+    subprotocols: Sequence[str] | None,
+    max_size: int,
+    close_timeout: float,
+    open_timeout: float = OPEN_TIMEOUT,
+) -> ClientConnection:
+    """A WebSocket to `url` with the kubeconfig's credentials and TLS settings.
+
+    Raises `ServerError` with the server's Status when it refuses the upgrade
+    (with `target`'s hint on a 404), `Unreachable` when it cannot be reached.
+    """
+    from websockets.asyncio.client import connect as ws_connect
+    from websockets.exceptions import InvalidStatus, WebSocketException
+    from websockets.typing import Subprotocol
+
+    tls: dict[str, Any] = {}
+    if url.startswith("wss:"):
+        tls["ssl"] = config.ssl
+        if config.server_hostname:
+            tls["server_hostname"] = config.server_hostname
+    try:
+        return await ws_connect(
+            url,
+            subprotocols=[Subprotocol(p) for p in subprotocols] if subprotocols else None,
+            additional_headers=dict(config.headers),
+            compression=None,
+            max_size=max_size,
+            open_timeout=open_timeout,
+            close_timeout=close_timeout,
+            **tls,
+        )
+    except InvalidStatus as exc:
+        raise refusal(exc.response.status_code, exc.response.body, target=target) from None
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        raise unreachable(config, exc) from None
+
+
+def refusal(
+    code: int, body: bytes | bytearray | None, *, target: Target | None = None
+) -> ServerError:
+    """The error for an answer with status `code` and `body` (a Status, or anything else)."""
+    status = json_object(body or b"")
+    message = str(status.get("message") or "")
+    reason = status.get("reason")
+    if not message:
+        text = (body or b"").decode("utf-8", "replace").strip()
+        message = text[:500] if text else f"the server answered {code} and said nothing more"
+    error = ServerError(code, message, reason=str(reason) if reason else None)
+    if code == 404 and target is not None:
+        error.hint = target.hint
+    return error
+
+
+def unreachable(config: ClientConfig, exc: BaseException) -> Unreachable:
+    """The error for a server that could not be reached, with what went wrong in words."""
+    what = describe(exc)
+    hint = "" if _tls_problem(exc) else f"; {UNREACHABLE_HINT}"
+    return Unreachable(f"cannot connect to {config.server}: {what}{hint}")
+
+
+def describe(exc: BaseException) -> str:
+    """`exc` in words a user can act on (no reprs of library objects)."""
+    inner = _cause(exc)
+    if inner is not None:
+        return describe(inner)
+    for kind, words in _WORDS:
+        if isinstance(exc, kind):
+            return words(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    # Some libraries put object reprs in their messages; they help nobody.
+    return re.sub(r"<[^<>]* object at 0x[0-9a-f]+>", "…", str(exc) or type(exc).__name__)
+
+
+_WORDS: tuple[tuple[type[BaseException], Callable[[Any], str]], ...] = (
+    (
+        ssl.SSLCertVerificationError,
+        lambda e: f"the server's certificate is not trusted: {e.verify_message or e.reason}",
+    ),
+    (ssl.SSLError, lambda e: f"TLS failed: {e.reason or e}"),
+    (ConnectionRefusedError, lambda e: "connection refused"),
+    (socket.gaierror, lambda e: f"cannot resolve the host name: {e.strerror}"),
+    (TimeoutError, lambda e: "timed out"),
+)
+"""Failures worth their own words, most specific first."""
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    """The OS or TLS error a library wrapped (aiohttp's connector errors)."""
+    inner = getattr(exc, "os_error", None) or getattr(exc, "certificate_error", None)
+    return inner if isinstance(inner, BaseException) and inner is not exc else None
+
+
+def _tls_problem(exc: BaseException) -> bool:
+    return isinstance(_cause(exc) or exc, ssl.SSLError)
+
+
+def json_object(data: bytes | bytearray) -> dict[str, Any]:
+    """`data` as a JSON object; empty when it is not one."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
