@@ -1,23 +1,50 @@
 """The `subres` command (also `kubectl subres`): one subcommand per verb.
 
-Server-side verbs (`serve`, `demo`) and client verbs (`console`, …) share the
-entry point; client verbs live in `subres.cli` and never import the server.
+Server-side verbs (`serve`, `certs`, `demo`) and client verbs (`console`, …)
+share the entry point; client verbs live in `subres.cli` and never import the
+server. The command line is parsed twice: first to learn the verb, with no
+verb's flags loaded, then with only that verb's flags, so a client verb never
+pays for importing the server, and a verb's module is imported only to run it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, cast
 
 from subres.cli import commands as client_commands
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
+
+Flags = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
+class _Verb(NamedTuple):
+    name: str
+    summary: str
+    description: str | None
+    flags: str | Flags
+    """Adds the verb's flags: a function, or `module:function` imported when needed."""
+    run: str | Run
+    """Runs the verb: a function, or `module:function` imported when needed."""
+
+
+def _load(where: str | Callable[..., object]) -> Callable[..., object]:
+    if callable(where):
+        return where
+    module, _, name = where.partition(":")
+    loaded: Callable[..., object] = getattr(importlib.import_module(module), name)
+    return loaded
 
 
 def _serve(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from subres.kube.client import ApiError
     from subres.server.options import Options
     from subres.server.run import serve
 
@@ -27,62 +54,116 @@ def _serve(ns: argparse.Namespace) -> int:
         for problem in problems:
             print(f"subres serve: {problem}", file=sys.stderr)
         return 2
-    asyncio.run(serve(options))
+    try:
+        asyncio.run(serve(options))
+    except (ApiError, OSError, ValueError) as exc:
+        # Start-up failures (an unreadable kubeconfig or config, a busy port) are the
+        # operator's to fix: say what, not where in our code.
+        print(f"subres serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
-def _certs(ns: argparse.Namespace) -> int:
-    from subres.server import certsverb
+_VERBS = (
+    _Verb(
+        "serve",
+        "run the aggregated API server",
+        None,
+        "subres.server.options:add_arguments",
+        _serve,
+    ),
+    _Verb(
+        "certs",
+        "write a serving certificate Secret and caBundle",
+        None,
+        "subres.server.certsverb:add_arguments",
+        "subres.server.certsverb:run",
+    ),
+    _Verb(
+        "demo",
+        "run a standalone server with a demo machine",
+        None,
+        "subres.demo.run:add_arguments",
+        "subres.demo.run:main",
+    ),
+    *(
+        _Verb(v.name, v.summary, v.description, v.flags, f"{v.module}:main")
+        for v in client_commands.VERBS
+    ),
+)
+_CLIENT = frozenset(v.name for v in client_commands.VERBS)
 
-    return certsverb.run(ns)
 
-
-def _demo(ns: argparse.Namespace) -> int:
-    from subres.demo import run
-
-    return run.main(ns)
-
-
-def parser() -> argparse.ArgumentParser:
-    """The full command line."""
+def parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with `only`, just that verb's flags are loaded ("" loads none)."""
     top = argparse.ArgumentParser(
         prog="subres", description="Interactive subresources for Kubernetes CRD objects."
     )
     top.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     client_commands.add_client_flags(top)
     verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
-
-    from subres.server.options import add_arguments
-
-    serve = verbs.add_parser("serve", help="run the aggregated API server")
-    add_arguments(serve)
-    serve.set_defaults(func=_serve)
-
-    from subres.server import certsverb
-
-    certs = verbs.add_parser("certs", help="write a serving certificate Secret and caBundle")
-    certsverb.add_arguments(certs)
-    certs.set_defaults(func=_certs)
-
-    from subres.demo.run import add_arguments as add_demo_arguments
-
-    demo = verbs.add_parser("demo", help="run a standalone server with a demo machine")
-    add_demo_arguments(demo)
-    demo.set_defaults(func=_demo)
-
-    client_commands.add_verbs(verbs)
+    for verb in _VERBS:
+        loaded = only is None or only == verb.name
+        sub = verbs.add_parser(
+            verb.name, help=verb.summary, description=verb.description, add_help=loaded
+        )
+        if loaded:
+            _load(verb.flags)(sub)
+            if verb.name in _CLIENT:
+                client_commands.add_client_flags(sub, on_verb=True)
     return top
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; the process exit code."""
-    ns = parser().parse_args(argv)
+def _top_level(argv: list[str]) -> argparse.Namespace:
+    """The verb `argv` names and the flags before it, found without loading any verb's flags."""
+    ns, _ = parser(only="").parse_known_args(argv)
+    return ns
+
+
+def _server_verb_problem(top: argparse.Namespace, ns: argparse.Namespace) -> str | None:
+    """Client flags given before a server verb: honoured where they mean something, else refused.
+
+    Without this, `subres --kubeconfig K serve` would silently run in-cluster:
+    serve's own `--kubeconfig` default replaces the top-level value.
+    """
+    for flag in ("context", "namespace"):
+        if getattr(top, flag):
+            return f"--{flag} is a flag of the client verbs; {ns.verb} does not take it"
+    if top.kubeconfig is None:
+        return None
+    from pathlib import Path
+
+    if ns.verb != "serve":
+        return f"--kubeconfig is a flag of the client verbs and serve; {ns.verb} does not take it"
+    given = Path(top.kubeconfig)
+    if ns.kubeconfig is not None and ns.kubeconfig != given:
+        return f"--kubeconfig is given twice: {given} before serve and {ns.kubeconfig} after it"
+    ns.kubeconfig = given
+    return None
+
+
+def _configure_logging(ns: argparse.Namespace) -> None:
+    import logging
+
     level = {0: logging.WARNING, 1: logging.INFO}.get(ns.verbose, logging.DEBUG)
     if ns.verb in ("serve", "demo"):
         level = min(level, logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    top = _top_level(args)
+    verb = str(top.verb)
+    ns = parser(only=verb).parse_args(args)
+    if verb not in _CLIENT and (problem := _server_verb_problem(top, ns)):
+        print(f"subres {verb}: {problem}", file=sys.stderr)
+        return 2
+    _configure_logging(ns)
+    run = next(v.run for v in _VERBS if v.name == verb)
     try:
-        return int(ns.func(ns))
+        return cast(Run, _load(run))(ns)
     except KeyboardInterrupt:
         return 130
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from subres.cli import kubeconfig
+from subres.cli.commands import DEFAULT_GROUP_VERSION
 from subres.cli.kubeconfig import ClientConfig
 from subres.kube.status import REASONS
 
@@ -49,7 +50,6 @@ __all__ = [
     "unreachable",
 ]
 
-DEFAULT_GROUP_VERSION = "subresources.subres.dev/v1alpha1"
 DEFAULT_TYPES = ("machines", "machine")
 """The default parent's plural and singular: types known without asking the server."""
 OPEN_TIMEOUT = 30.0

@@ -1,18 +1,66 @@
-"""The client verbs' registration on the `subres` command line.
+"""The client verbs' command line: every flag, its syntax and help, and where each verb runs.
 
 Owns the client connection flags (`--kubeconfig`, `--context`, `-n`), which
 work before the verb (on the top-level parser) and after it (on each verb,
-where they only count when given, so neither place overrides the other).
+where they only count when given, so neither place overrides the other),
+each verb's own flags and the syntax of their values (ports, durations).
+This module imports nothing heavy (no dataclasses, no logging, no ssl): a
+verb's module, and with it websockets, aiohttp and ssl, is imported only when
+that verb runs, so `--help` answers at once and each verb pays only for itself.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import re
+from collections.abc import Callable
+from typing import NamedTuple
 
-from subres.cli import console, portforward, screenshot, vnc, web
+__all__ = [
+    "DEFAULT_GROUP_VERSION",
+    "TRANSPORTS",
+    "VERBS",
+    "PortSpec",
+    "Verb",
+    "add_client_flags",
+    "parse_duration",
+    "parse_port",
+]
 
-__all__ = ["add_client_flags", "add_verbs"]
+DEFAULT_GROUP_VERSION = "subresources.subres.dev/v1alpha1"
+TARGET = "[TYPE/|NAMESPACE/]NAME"
+TRANSPORTS = ("spdy", "tunnel", "websocket")
+TRANSPORT_HELP = (
+    "how connections reach the server. websocket (the default): one KubeVirt-style "
+    "WebSocket per connection; it passes through kube-apiserver and any proxy with no "
+    "multiplexing state to keep, one failing connection leaves the others alone, and "
+    "it carries udp. spdy: every connection a pair of streams on one SPDY/3.1 upgrade, "
+    "as kubectl < 1.31 and client-go do. tunnel: the same SPDY inside one WebSocket, as "
+    "kubectl >= 1.31 does. spdy and tunnel carry tcp only"
+)
+WEB_PORT = 8070
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class Verb(NamedTuple):
+    """One client verb on the command line."""
+
+    name: str
+    summary: str
+    """One line in `subres --help`."""
+    description: str
+    flags: Callable[[argparse.ArgumentParser], None]
+    module: str
+    """The module whose `main(ns)` runs the verb, imported only then."""
+
+
+class PortSpec(NamedTuple):
+    """One forwarded port: `protocol` is tcp or udp; `local` 0 picks a free port."""
+
+    protocol: str
+    local: int
+    remote: int
 
 
 def add_client_flags(parser: argparse.ArgumentParser, *, on_verb: bool = False) -> None:
@@ -29,47 +77,155 @@ def add_client_flags(parser: argparse.ArgumentParser, *, on_verb: bool = False) 
     )
 
 
-VERBS: tuple[tuple[str, Any, str, str], ...] = (
-    (
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration such as `30s`, `5m`, `1h30m` or `0`."""
+    if text.strip() == "0":
+        return 0.0
+    parts = _DURATION.findall(text.strip())
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (try 30s, 5m or 1h)")
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def parse_port(text: str) -> PortSpec:
+    """`[tcp|udp/]LOCAL[:REMOTE]`; REMOTE defaults to LOCAL; an empty or 0 LOCAL is any port."""
+    protocol, _, ports = text.rpartition("/")
+    protocol = protocol.lower() or "tcp"
+    if protocol not in ("tcp", "udp"):
+        raise argparse.ArgumentTypeError(f"protocol must be tcp or udp in {text!r}")
+    local_text, _, remote_text = ports.partition(":")
+    remote_text = remote_text or local_text
+    local = _number(local_text or "0", text, low=0)
+    remote = _number(remote_text, text, low=1)
+    return PortSpec(protocol=protocol, local=local, remote=remote)
+
+
+def _number(value: str, text: str, *, low: int) -> int:
+    if value.isascii() and value.isdigit() and low <= int(value) <= 0xFFFF:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"invalid port in {text!r} (want [tcp|udp/]LOCAL[:REMOTE])")
+
+
+def _group_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-group-version", default=DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
+    )
+
+
+def _console(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar=TARGET, help="the machine to connect to")
+    parser.add_argument(
+        "--timeout",
+        type=parse_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="keep retrying this long while the machine is not running or its console "
+        "is unavailable (e.g. 30s, 5m; default 0: no retry)",
+    )
+    _group_version(parser)
+
+
+def _port_forward(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar=TARGET, help="the machine to forward to")
+    parser.add_argument(
+        "ports",
+        metavar="[tcp|udp/]LOCAL[:REMOTE]",
+        nargs="+",
+        type=parse_port,
+        help="a local port and the machine's port (default: the same); LOCAL 0 picks one",
+    )
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--stdio",
+        action="store_true",
+        help="forward stdin/stdout to the one port given (for ssh -o ProxyCommand)",
+    )
+    parser.add_argument("--transport", choices=TRANSPORTS, default="websocket", help=TRANSPORT_HELP)
+    _group_version(parser)
+
+
+def _vnc(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar=TARGET, help="the machine to view")
+    parser.add_argument(
+        "--proxy-only",
+        action="store_true",
+        help='only listen: print {"port": N} and relay connections until interrupted',
+    )
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=0, help="local port to listen on (default 0: any free port)"
+    )
+    parser.add_argument(
+        "--viewer",
+        metavar="CMD",
+        help="viewer command, with {address} and {port} filled in "
+        "(default: remote-viewer, else vncviewer)",
+    )
+    _group_version(parser)
+
+
+def _screenshot(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar=TARGET, help="the machine to capture")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="FILE", help="PNG file to write (- for stdout)"
+    )
+    _group_version(parser)
+
+
+def _web(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target", metavar=TARGET, nargs="?", help="the machine the page opens first"
+    )
+    parser.add_argument(
+        "--port", type=int, default=WEB_PORT, help=f"local port (default {WEB_PORT}; 0 picks one)"
+    )
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
+    )
+    _group_version(parser)
+
+
+VERBS = (
+    Verb(
         "console",
-        console,
         "connect to a machine's serial console (Ctrl+] leaves)",
         "Connect to the serial console of a machine. Ctrl+] leaves.",
+        _console,
+        "subres.cli.console",
     ),
-    (
+    Verb(
         "port-forward",
-        portforward,
         "forward local ports (or stdin/stdout) to a machine's ports",
         "Forward local ports, or stdin/stdout with --stdio, to ports of a machine.",
+        _port_forward,
+        "subres.cli.portforward",
     ),
-    (
+    Verb(
         "vnc",
-        vnc,
         "open a machine's display in a local VNC viewer",
         "Relay a local port to a machine's VNC display and start a viewer, "
         'or with --proxy-only print {"port": N} and relay until interrupted.',
+        _vnc,
+        "subres.cli.vnc",
     ),
-    (
+    Verb(
         "screenshot",
-        screenshot,
         "save a machine's display as a PNG file",
         "Save the current picture of a machine's display as a PNG file.",
+        _screenshot,
+        "subres.cli.screenshot",
     ),
-    (
+    Verb(
         "web",
-        web,
         "open a machine's console and display in the browser (a page on localhost)",
         "Serve the console and VNC page on a local port; its connections use "
         "your kubeconfig's credentials, which the browser never sees.",
+        _web,
+        "subres.cli.web",
     ),
 )
-"""Each client verb: its name, its module (`add_arguments`, `main`), help and description."""
-
-
-def add_verbs(verbs: Any) -> None:
-    """Add every client verb to the subcommand set `verbs`."""
-    for name, module, summary, description in VERBS:
-        parser = verbs.add_parser(name, help=summary, description=description)
-        module.add_arguments(parser)
-        add_client_flags(parser, on_verb=True)
-        parser.set_defaults(func=module.main)
+"""The client verbs, in the order `subres --help` lists them."""

@@ -14,7 +14,6 @@ import asyncio
 import errno
 import json
 import os
-import re
 import signal
 import sys
 from typing import BinaryIO
@@ -28,7 +27,7 @@ from subres.cli.kubeconfig import ClientConfig
 from subres.protocol import channels
 from subres.protocol.channels import ChannelData, Dialect
 
-__all__ = ["SUBPROTOCOLS", "add_arguments", "main", "parse_duration"]
+__all__ = ["SUBPROTOCOLS", "main"]
 
 SUBPROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 """Offered in this order: v5 can tell the server that stdin ended."""
@@ -43,37 +42,6 @@ RETRY_CODES = frozenset({409, 503})
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 5.0
 NORMAL_CLOSURE = 1000
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a Go-style duration such as `30s`, `5m`, `1h30m` or `0`."""
-    if text.strip() == "0":
-        return 0.0
-    parts = _DURATION.findall(text.strip())
-    if not parts or "".join(n + u for n, u in parts) != text.strip():
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (try 30s, 5m or 1h)")
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `console` flags (the client connection flags are added by the caller)."""
-    parser.add_argument(
-        "target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to connect to"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=parse_duration,
-        default=0.0,
-        metavar="DURATION",
-        help="keep retrying this long while the machine is not running or its console "
-        "is unavailable (e.g. 30s, 5m; default 0: no retry)",
-    )
-    parser.add_argument(
-        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
-    )
 
 
 @api.command

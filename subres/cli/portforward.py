@@ -24,7 +24,6 @@ import contextlib
 import itertools
 import signal
 import sys
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from websockets.asyncio.client import ClientConnection
@@ -32,6 +31,7 @@ from websockets.exceptions import ConnectionClosed
 
 from subres.cli import api, carriers, kubeconfig, terminal
 from subres.cli.api import CommandError, Target
+from subres.cli.commands import PortSpec
 from subres.cli.kubeconfig import ClientConfig
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
 from subres.protocol import portforward_spdy as pairs
@@ -40,17 +40,14 @@ from subres.protocol.spdy import Role, SpdyError
 __all__ = [
     "TRANSPORTS",
     "Link",
-    "PortSpec",
     "SpdyLink",
     "SpdyTransport",
     "TunnelTransport",
     "WebSocketLink",
     "WebSocketTransport",
-    "add_arguments",
     "bridge",
     "main",
     "open_link",
-    "parse_port",
 ]
 
 SUBPROTOCOL = "plain.kubevirt.io"
@@ -66,75 +63,6 @@ COMPLAINT_WAIT = 5.0
 MAX_COMPLAINT = 64 * 1024
 PING_INTERVAL = 5.0
 """client-go's SPDY ping period; three silent periods end the session."""
-TRANSPORT_HELP = (
-    "how connections reach the server. websocket (the default): one KubeVirt-style "
-    "WebSocket per connection; it passes through kube-apiserver and any proxy with no "
-    "multiplexing state to keep, one failing connection leaves the others alone, and "
-    "it carries udp. spdy: every connection a pair of streams on one SPDY/3.1 upgrade, "
-    "as kubectl < 1.31 and client-go do. tunnel: the same SPDY inside one WebSocket, as "
-    "kubectl >= 1.31 does. spdy and tunnel carry tcp only"
-)
-
-
-@dataclass(frozen=True)
-class PortSpec:
-    """One forwarded port: `protocol` is tcp or udp; `local` 0 picks a free port."""
-
-    protocol: str
-    local: int
-    remote: int
-
-
-def parse_port(text: str) -> PortSpec:
-    """`[tcp|udp/]LOCAL[:REMOTE]`; REMOTE defaults to LOCAL; an empty or 0 LOCAL is any port."""
-    protocol, _, ports = text.rpartition("/")
-    protocol = protocol.lower() or "tcp"
-    if protocol not in ("tcp", "udp"):
-        raise argparse.ArgumentTypeError(f"protocol must be tcp or udp in {text!r}")
-    local_text, _, remote_text = ports.partition(":")
-    remote_text = remote_text or local_text
-    local = _number(local_text or "0", text, low=0)
-    remote = _number(remote_text, text, low=1)
-    return PortSpec(protocol=protocol, local=local, remote=remote)
-
-
-def _number(value: str, text: str, *, low: int) -> int:
-    if value.isascii() and value.isdigit() and low <= int(value) <= 0xFFFF:
-        return int(value)
-    raise argparse.ArgumentTypeError(f"invalid port in {text!r} (want [tcp|udp/]LOCAL[:REMOTE])")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `port-forward` flags (the client connection flags are added by the caller)."""
-    parser.add_argument(
-        "target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to forward to"
-    )
-    parser.add_argument(
-        "ports",
-        metavar="[tcp|udp/]LOCAL[:REMOTE]",
-        nargs="+",
-        type=parse_port,
-        help="a local port and the machine's port (default: the same); LOCAL 0 picks one",
-    )
-    parser.add_argument(
-        "--address",
-        default="127.0.0.1",
-        help="local address to listen on (default 127.0.0.1)",
-    )
-    parser.add_argument(
-        "--stdio",
-        action="store_true",
-        help="forward stdin/stdout to the one port given (for ssh -o ProxyCommand)",
-    )
-    parser.add_argument(
-        "--transport",
-        choices=sorted(TRANSPORTS),
-        default="websocket",
-        help=TRANSPORT_HELP,
-    )
-    parser.add_argument(
-        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
-    )
 
 
 @api.command

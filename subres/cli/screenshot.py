@@ -16,23 +16,12 @@ from subres.cli import api, kubeconfig
 from subres.cli.api import CommandError
 from subres.cli.kubeconfig import ClientConfig
 
-__all__ = ["PNG_SIGNATURE", "add_arguments", "main"]
+__all__ = ["PNG_SIGNATURE", "main"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REQUEST_TIMEOUT = 60.0
 """The server bounds its own wait for the VNC server; this bounds the rest."""
 MAX_BODY = 256 << 20
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `screenshot` flags (the client connection flags are added by the caller)."""
-    parser.add_argument("target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to capture")
-    parser.add_argument(
-        "-o", "--output", required=True, metavar="FILE", help="PNG file to write (- for stdout)"
-    )
-    parser.add_argument(
-        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
-    )
 
 
 @api.command

@@ -24,7 +24,7 @@ from subres.cli.api import CommandError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.cli.portforward import Link
 
-__all__ = ["VIEWERS", "add_arguments", "main", "viewer_command"]
+__all__ = ["VIEWERS", "main", "viewer_command"]
 
 VIEWERS = (
     ("remote-viewer", "remote-viewer vnc://{address}:{port}"),
@@ -32,31 +32,6 @@ VIEWERS = (
 )
 """Viewers tried in order when `--viewer` is not given: the program and how to run it."""
 VIEWER_STOP_TIMEOUT = 5.0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `vnc` flags (the client connection flags are added by the caller)."""
-    parser.add_argument("target", metavar="[TYPE/|NAMESPACE/]NAME", help="the machine to view")
-    parser.add_argument(
-        "--proxy-only",
-        action="store_true",
-        help='only listen: print {"port": N} and relay connections until interrupted',
-    )
-    parser.add_argument(
-        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=0, help="local port to listen on (default 0: any free port)"
-    )
-    parser.add_argument(
-        "--viewer",
-        metavar="CMD",
-        help="viewer command, with {address} and {port} filled in "
-        "(default: remote-viewer, else vncviewer)",
-    )
-    parser.add_argument(
-        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
-    )
 
 
 def viewer_command(template: str | None) -> list[str]:

@@ -31,38 +31,15 @@ from subres.cli.api import CommandError, ServerError
 from subres.cli.kubeconfig import ClientConfig
 from subres.web import page
 
-__all__ = ["DEFAULT_PORT", "add_arguments", "build", "main", "same_origin"]
+__all__ = ["build", "main", "same_origin"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 8070
 SUBRESOURCES = ("console", "vnc")
 BEARER_PREFIX = "base64url.bearer.authorization.k8s.io."
 MAX_MESSAGE = 4 * 1024 * 1024
 CLOSE_TIMEOUT = 10.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `web` flags (the client connection flags are added by the caller)."""
-    parser.add_argument(
-        "target",
-        metavar="[TYPE/|NAMESPACE/]NAME",
-        nargs="?",
-        help="the machine the page opens first",
-    )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=DEFAULT_PORT,
-        help=f"local port (default {DEFAULT_PORT}; 0 picks one)",
-    )
-    parser.add_argument(
-        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
-    )
-    parser.add_argument(
-        "--api-group-version", default=api.DEFAULT_GROUP_VERSION, help=argparse.SUPPRESS
-    )
 
 
 @api.command

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from subres.cli.portforward import PortSpec, parse_port
+from subres.cli.commands import PortSpec, parse_port
 from tests.cli.conftest import cli
 from tests.cli.portforward_support import TIMEOUT, echo_hashed, listening, spawn, stop
 from tests.server.portforward_support import UdpEcho, chunks, digest, pf_machine, port_of
