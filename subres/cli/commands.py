@@ -112,6 +112,16 @@ def _group_version(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Each verb's flags below are plain add_argument calls, one per flag: where two
+# verbs' declarations look alike, only argparse's shape repeats, not a flag.
+
+
+def _listen_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
+    )
+
+
 def _console(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar=TARGET, help="the machine to connect to")
     parser.add_argument(
@@ -153,9 +163,7 @@ def _vnc(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='only listen: print {"port": N} and relay connections until interrupted',
     )
-    parser.add_argument(
-        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
-    )
+    _listen_address(parser)
     parser.add_argument(
         "--port", type=int, default=0, help="local port to listen on (default 0: any free port)"
     )
@@ -183,9 +191,7 @@ def _web(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=int, default=WEB_PORT, help=f"local port (default {WEB_PORT}; 0 picks one)"
     )
-    parser.add_argument(
-        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
-    )
+    _listen_address(parser)
     _group_version(parser)
 
 

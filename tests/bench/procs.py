@@ -25,6 +25,7 @@ __all__ = [
     "build_loadgen",
     "cpu_seconds",
     "memory_kib",
+    "run_bench",
     "spawn",
     "spawn_program",
     "tree_cpu_seconds",
@@ -78,6 +79,20 @@ class Child:
             except TimeoutError:
                 continue
         raise RuntimeError(f"{self.name} (pid {self.pid}) did not exit after SIGKILL")
+
+
+def run_bench(module: str, *args: str, timeout: float) -> str:
+    """Run `python -m module args…` from the checkout to the end; its stdout (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 async def spawn(

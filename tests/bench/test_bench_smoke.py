@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.bench.procs import ROOT
+from tests.bench.procs import run_bench
 
 TABLE_TITLES = (
     "### Console echo round trip",
@@ -16,16 +13,7 @@ TABLE_TITLES = (
 
 def test_bench_console_prints_its_tables() -> None:
     args = ["--quick", "--sessions", "20", "--roundtrips", "50", "--idle", "50"]
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.bench.bench_console", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    out = run_bench("tests.bench.bench_console", *args, timeout=180)
     assert "python -m tests.bench.bench_console --quick" in out
     for title in TABLE_TITLES:
         assert title in out

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from tests.bench.bench_throughput import PATHS
-from tests.bench.procs import ROOT
+from tests.bench.procs import run_bench
 
 
 def test_bench_throughput_prints_every_row() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.bench.bench_throughput", "--quick", "--mib", "2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    out = run_bench("tests.bench.bench_throughput", "--quick", "--mib", "2", timeout=240)
     assert "python -m tests.bench.bench_throughput --quick --mib 2" in out
     assert "### Throughput (2 MiB each way" in out
     rows = [
