@@ -23,6 +23,7 @@ __all__ = [
     "PortSpec",
     "Verb",
     "add_client_flags",
+    "parse_addresses",
     "parse_duration",
     "parse_port",
 ]
@@ -39,6 +40,7 @@ TRANSPORT_HELP = (
     "kubectl >= 1.31 does. spdy and tunnel carry tcp only"
 )
 WEB_PORT = 8070
+LOCALHOST = ["127.0.0.1", "::1"]
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -100,6 +102,16 @@ def parse_port(text: str) -> PortSpec:
     return PortSpec(protocol=protocol, local=local, remote=remote)
 
 
+def parse_addresses(text: str) -> list[str]:
+    """`--address` of port-forward: a comma-separated list; `localhost` is 127.0.0.1 and ::1."""
+    addresses: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            raise argparse.ArgumentTypeError(f"empty address in {text!r}")
+        addresses += LOCALHOST if item == "localhost" else [item]
+    return list(dict.fromkeys(addresses))
+
+
 def _number(value: str, text: str, *, low: int) -> int:
     if value.isascii() and value.isdigit() and low <= int(value) <= 0xFFFF:
         return int(value)
@@ -145,7 +157,12 @@ def _port_forward(parser: argparse.ArgumentParser) -> None:
         help="a local port and the machine's port (default: the same); LOCAL 0 picks one",
     )
     parser.add_argument(
-        "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
+        "--address",
+        type=parse_addresses,
+        default=parse_addresses("localhost"),
+        metavar="ADDRESSES",
+        help="comma-separated local addresses to listen on; localhost (the default) "
+        "is 127.0.0.1 and ::1, as in kubectl",
     )
     parser.add_argument(
         "--stdio",

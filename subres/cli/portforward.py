@@ -9,6 +9,12 @@ HTTP upgrade, so nothing is multiplexed and any proxy that passes WebSockets
 passes it. A local EOF becomes a close frame while replies keep coming, and
 for UDP each datagram is one message.
 
+Before listening it fails fast, as kubectl does: one request checks the
+credentials, the machine, its state and that it allows every port asked for
+(see `check`), and the local ports are bound (`--address localhost`, the
+default, is 127.0.0.1 and ::1, one `Forwarding from` line each) before the
+first connection arrives.
+
 `--transport spdy` and `--transport tunnel` speak what kubectl speaks: every
 connection is a pair of streams (`error`, `data`) multiplexed on ONE SPDY/3.1
 connection, upgraded from HTTP/1.1 or tunnelled in a WebSocket
@@ -30,7 +36,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from subres.cli import api, carriers, kubeconfig, terminal
-from subres.cli.api import CommandError, Target
+from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.commands import PortSpec
 from subres.cli.kubeconfig import ClientConfig
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
@@ -46,11 +52,14 @@ __all__ = [
     "WebSocketLink",
     "WebSocketTransport",
     "bridge",
+    "check",
     "main",
     "open_link",
 ]
 
 SUBPROTOCOL = "plain.kubevirt.io"
+PROBE_SUBPROTOCOL = "probe.subres.dev"
+"""A subprotocol no server speaks: offered alone, it makes the upgrade a check (see `check`)."""
 READ_SIZE = 65536
 MAX_MESSAGE = 4 * 1024 * 1024
 OPEN_TIMEOUT = 30.0
@@ -87,7 +96,37 @@ async def _forward(config: ClientConfig, typed: api.TargetText, ns: argparse.Nam
     transport = TRANSPORTS[ns.transport](config, group_version=group_version, target=target)
     if ns.stdio:
         return await _stdio(transport, ns.ports[0].remote)
-    return await _listen(transport, ns.ports, address=ns.address)
+    await check(config, target, group_version=group_version, ports=ns.ports)
+    return await _listen(transport, ns.ports, addresses=ns.address)
+
+
+async def check(
+    config: ClientConfig, target: Target, *, group_version: str, ports: list[PortSpec]
+) -> None:
+    """Raise what forwarding `ports` would run into, before anything listens or is dialed.
+
+    The server vets a Kubernetes-style port-forward (`?ports=`: credentials,
+    permission, the machine, its state, the ports it allows, in that order)
+    before it looks at the subprotocol. Offering only one it does not speak
+    therefore gets the first failing check's Status, or, when every check
+    passed, a 400 about the subprotocol; no backend is dialed either way.
+    """
+    remote = ",".join(str(port) for port in dict.fromkeys(spec.remote for spec in ports))
+    url = f"{api.object_url(config, target, group_version=group_version)}/portforward"
+    try:
+        ws = await api.connect(
+            config,
+            f"{url}?ports={remote}",
+            target=target,
+            subprotocols=[PROBE_SUBPROTOCOL],
+            max_size=MAX_MESSAGE,
+            close_timeout=OPEN_TIMEOUT,
+        )
+    except ServerError as exc:
+        if exc.code == 400 and "subprotocol" in exc.message:
+            return
+        raise
+    await ws.close()  # a server that took the probe has passed every check too
 
 
 class Link(Protocol):
@@ -348,35 +387,62 @@ async def _up(reader: asyncio.StreamReader, link: Link) -> None:
     await link.half_close()
 
 
-async def _listen(transport: Transport, specs: list[PortSpec], *, address: str) -> int:
+async def _listen(transport: Transport, specs: list[PortSpec], *, addresses: list[str]) -> int:
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
         # Pushed first, so it runs last: the listeners stop before the shared upstream goes.
         stack.push_async_callback(transport.close)
         for spec in specs:
-            bound = await _start(stack, transport, spec, address)
-            print(f"Forwarding from {address}:{bound} -> {spec.remote}/{spec.protocol}", flush=True)
+            for address, port in await _start_all(stack, transport, spec, addresses):
+                line = f"Forwarding from {_host(address)}:{port} -> {spec.remote}/{spec.protocol}"
+                print(line, flush=True)
         with terminal.on_signals((signal.SIGINT, signal.SIGTERM), stop.set):
             await stop.wait()
     return 0
 
 
+async def _start_all(
+    stack: contextlib.AsyncExitStack, transport: Transport, spec: PortSpec, addresses: list[str]
+) -> list[tuple[str, int]]:
+    """Listen for `spec` on each address, all on one port; fail only if no address works.
+
+    As kubectl does: a port picked for the first address is used for the
+    others, and an address that cannot be had (no IPv6, say) is a warning.
+    """
+    bound: list[tuple[str, int]] = []
+    failures: list[str] = []
+    port = spec.local
+    for address in addresses:
+        try:
+            port = await _start(stack, transport, spec._replace(local=port), address)
+        except OSError as exc:
+            failures.append(f"{_host(address)}:{port}: {exc.strerror or exc}")
+            continue
+        bound.append((address, port))
+    if not bound:
+        raise CommandError(f"cannot listen on {'; '.join(failures)}")
+    for failure in failures:
+        print(f"warning: cannot listen on {failure}", file=sys.stderr, flush=True)
+    return bound
+
+
 async def _start(
     stack: contextlib.AsyncExitStack, transport: Transport, spec: PortSpec, address: str
 ) -> int:
-    """Listen for `spec`; the local port bound."""
-    try:
-        if spec.protocol == "udp":
-            relay = await _UdpRelay.start(transport, spec, address)
-            stack.push_async_callback(relay.close)
-            return relay.port
-        server = await asyncio.start_server(
-            lambda r, w: _serve_tcp(transport, spec, r, w), address, spec.local
-        )
-    except OSError as exc:
-        raise CommandError(f"cannot listen on {address}:{spec.local}: {exc.strerror}") from None
+    """Listen for `spec` on `address`; the local port bound."""
+    if spec.protocol == "udp":
+        relay = await _UdpRelay.start(transport, spec, address)
+        stack.push_async_callback(relay.close)
+        return relay.port
+    server = await asyncio.start_server(
+        lambda r, w: _serve_tcp(transport, spec, r, w), address, spec.local
+    )
     stack.push_async_callback(_stop_server, server)
     return int(server.sockets[0].getsockname()[1])
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 async def _stop_server(server: asyncio.Server) -> None:

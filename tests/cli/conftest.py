@@ -24,6 +24,8 @@ from tests.support import Backend, Standalone, start_standalone
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 CLI_TIMEOUT = 30.0
+DEAD_PORT = 1
+"""A loopback port nothing listens on (below 1024, so no test server takes it)."""
 
 
 @pytest.fixture
@@ -177,7 +179,8 @@ async def udp() -> AsyncIterator[UdpEcho]:
 async def subres(
     tmp_path: Path, backends: tuple[Backend, Backend], udp: UdpEcho
 ) -> AsyncIterator[Standalone]:
-    """A standalone server whose machine vm1 allows the ports of `backends` and `udp`."""
-    ports = [port_of(b.url) for b in backends] + [udp.port]
+    """A standalone server whose machine vm1 allows the ports of `backends` and `udp`, and
+    `DEAD_PORT`, where nothing listens."""
+    ports = [port_of(b.url) for b in backends] + [udp.port, DEAD_PORT]
     async with start_standalone(tmp_path, pf_machine("vm1", ports)) as s:
         yield s

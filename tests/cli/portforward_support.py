@@ -42,16 +42,20 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
 
 
 async def listening(proc: asyncio.subprocess.Process, count: int) -> list[int]:
-    """The local ports the CLI announced, in order."""
+    """The local ports the CLI announced, in order: each on 127.0.0.1, then on [::1]."""
     assert proc.stdout is not None
     ports: list[int] = []
     async with asyncio.timeout(TIMEOUT):
         while len(ports) < count:
-            line = await proc.stdout.readline()
-            assert line, f"no listener announced; stderr: {await stderr_of(proc)!r}"
-            match = re.match(rb"Forwarding from 127\.0\.0\.1:(\d+) -> ", line)
-            assert match, line
-            ports.append(int(match.group(1)))
+            lines = [await proc.stdout.readline() for _ in range(2)]
+            assert all(lines), f"no listener announced; stderr: {await stderr_of(proc)!r}"
+            found = [
+                re.match(rb"Forwarding from (127\.0\.0\.1|\[::1\]):(\d+) -> ", x) for x in lines
+            ]
+            assert all(found), lines
+            assert [m.group(1) for m in found if m] == [b"127.0.0.1", b"[::1]"], lines
+            (port,) = {int(m.group(2)) for m in found if m}
+            ports.append(port)
     return ports
 
 

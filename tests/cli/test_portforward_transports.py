@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import run_cli, write_kubeconfig
+from tests.cli.conftest import DEAD_PORT, run_cli, write_kubeconfig
 from tests.cli.portforward_support import (
     TIMEOUT,
     echo_hashed,
@@ -30,6 +30,7 @@ from tests.support import Backend, Standalone, wait_for
 SIZE = 16 << 20
 TRANSPORTS = ["spdy", "tunnel"]
 REFUSED = b"does not allow forwarding to tcp port 2"
+DIAL_FAILED = b"cannot connect to tcp://127.0.0.1:1"
 
 pytestmark = pytest.mark.parametrize("transport", TRANSPORTS)
 
@@ -82,21 +83,22 @@ async def test_bytes_hashed_over_one_upstream_and_half_close(
     await wait_for(lambda: upstreams(subres) == 0)  # the CLI hung up on its way out
 
 
-async def test_refused_port_prints_the_error_and_closes_only_that_connection(
+async def test_failed_dial_prints_the_error_and_closes_only_that_connection(
     subres: Standalone, backends: tuple[Backend, Backend], transport: str
 ) -> None:
     echo, _ = backends
-    proc = await spawn(subres, "--transport", transport, "vm1", "0:2", f"0:{port_of(echo.url)}")
+    args = ("--transport", transport, "vm1", f"0:{DEAD_PORT}", f"0:{port_of(echo.url)}")
+    proc = await spawn(subres, *args)
     try:
-        refused_local, echo_local = await listening(proc, 2)
-        reader, writer = await asyncio.open_connection("127.0.0.1", refused_local)
+        dead_local, echo_local = await listening(proc, 2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", dead_local)
         async with asyncio.timeout(TIMEOUT):
             assert await reader.read() == b""
         writer.close()
         assert proc.stderr is not None
         async with asyncio.timeout(TIMEOUT):
             line = await proc.stderr.readline()
-        assert line.startswith(b"error: port 2: ") and REFUSED in line, line
+        assert line.startswith(b"error: port 1: ") and DIAL_FAILED in line, line
 
         # The upstream and the other ports live on.
         assert await round_trip(echo_local, b"still here") == b"still here"
