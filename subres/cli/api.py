@@ -15,9 +15,9 @@ import re
 import socket
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 from subres.cli import kubeconfig
@@ -38,6 +38,7 @@ __all__ = [
     "Target",
     "TargetText",
     "Unreachable",
+    "authorized",
     "command",
     "connect",
     "describe",
@@ -52,6 +53,7 @@ __all__ = [
 
 DEFAULT_TYPES = ("machines", "machine")
 """The default parent's plural and singular: types known without asking the server."""
+T = TypeVar("T")
 OPEN_TIMEOUT = 30.0
 MAX_DISCOVERY = 4 << 20
 UNREACHABLE_HINT = "is the server running? check --kubeconfig/--context"
@@ -223,14 +225,17 @@ async def get(
     """
     import aiohttp
 
-    try:
+    async def attempt(headers: Mapping[str, str]) -> bytes:
+        timeout = aiohttp.ClientTimeout(total=request_timeout)
         async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=request_timeout)) as http,
+            # Without a proxy-url, the environment's (HTTPS_PROXY, NO_PROXY), as client-go.
+            aiohttp.ClientSession(timeout=timeout, trust_env=config.proxy is None) as http,
             http.get(
                 url,
-                headers=dict(config.headers),
+                headers=dict(headers),
                 ssl=config.ssl if config.ssl is not None else True,
                 server_hostname=config.server_hostname,
+                proxy=config.proxy,
             ) as response,
         ):
             body = bytearray()
@@ -240,9 +245,43 @@ async def get(
                     raise CommandError(f"the server's answer is over {max_body} bytes")
             if response.status != 200:
                 raise refusal(response.status, body, target=target)
+        return bytes(body)
+
+    try:
+        return await authorized(config, attempt)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise unreachable(config, exc) from None
-    return bytes(body)
+
+
+async def authorized(
+    config: ClientConfig, attempt: Callable[[Mapping[str, str]], Awaitable[T]]
+) -> T:
+    """`attempt(headers)` with fresh credentials; once more after a 401, as client-go does.
+
+    An exec plugin's credential is fetched again when it has expired and when
+    the server refused it; `attempt` raises `ServerError` for a refusal.
+    """
+    headers = await _fresh(config)
+    try:
+        return await attempt(headers)
+    except ServerError as exc:
+        if exc.code != 401 or not await _renewed(config, headers):
+            raise
+    return await attempt(await _fresh(config))
+
+
+async def _fresh(config: ClientConfig) -> Mapping[str, str]:
+    try:
+        return await config.credentials.fresh()
+    except (kubeconfig.KubeconfigError, ssl.SSLError) as exc:
+        raise CommandError(f"cannot renew the credentials: {exc}") from None
+
+
+async def _renewed(config: ClientConfig, used: Mapping[str, str]) -> bool:
+    try:
+        return await config.credentials.rejected(used)
+    except (kubeconfig.KubeconfigError, ssl.SSLError) as exc:
+        raise CommandError(f"cannot renew the credentials: {exc}") from None
 
 
 def object_url(
@@ -283,19 +322,26 @@ async def connect(
         tls["ssl"] = config.ssl
         if config.server_hostname:
             tls["server_hostname"] = config.server_hostname
+
+    async def attempt(headers: Mapping[str, str]) -> ClientConnection:
+        try:
+            return await ws_connect(
+                url,
+                subprotocols=[Subprotocol(p) for p in subprotocols] if subprotocols else None,
+                additional_headers=dict(headers),
+                compression=None,
+                max_size=max_size,
+                open_timeout=open_timeout,
+                close_timeout=close_timeout,
+                # True: the environment's proxy settings, as client-go without a proxy-url.
+                proxy=config.proxy or True,
+                **tls,
+            )
+        except InvalidStatus as exc:
+            raise refusal(exc.response.status_code, exc.response.body, target=target) from None
+
     try:
-        return await ws_connect(
-            url,
-            subprotocols=[Subprotocol(p) for p in subprotocols] if subprotocols else None,
-            additional_headers=dict(config.headers),
-            compression=None,
-            max_size=max_size,
-            open_timeout=open_timeout,
-            close_timeout=close_timeout,
-            **tls,
-        )
-    except InvalidStatus as exc:
-        raise refusal(exc.response.status_code, exc.response.body, target=target) from None
+        return await authorized(config, attempt)
     except (OSError, TimeoutError, WebSocketException) as exc:
         raise unreachable(config, exc) from None
 

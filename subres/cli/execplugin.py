@@ -2,7 +2,8 @@
 
 Owns running the plugin (command, args, env, `KUBERNETES_EXEC_INFO`) and
 reading the `ExecCredential` it prints: a bearer token or a client
-certificate and key. Real clusters (EKS, GKE, AKS, OIDC logins) hand out
+certificate and key, and when it expires (`subres.cli.credentials` runs the
+plugin again then). Real clusters (EKS, GKE, AKS, OIDC logins) hand out
 credentials this way.
 """
 
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,8 @@ class Credential:
     token: str | None = None
     client_certificate: bytes | None = None
     client_key: bytes | None = None
+    expires: float | None = None
+    """`expirationTimestamp` as a Unix time; None when the credential names none."""
 
 
 def run(
@@ -159,4 +163,20 @@ def _credential(output: bytes, api_version: str, command: str) -> Credential:
         token=str(token) if token else None,
         client_certificate=str(cert).encode() if cert else None,
         client_key=str(key).encode() if key else None,
+        expires=_expiry(status.get("expirationTimestamp"), command),
     )
+
+
+def _expiry(value: object, command: str) -> float | None:
+    """An RFC 3339 time (`2024-05-01T10:00:00Z`) as a Unix time."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise ExecPluginError(
+            f"exec plugin {command} printed an expirationTimestamp that is not RFC 3339: {value!r}"
+        ) from None
+    if moment.tzinfo is None:
+        raise ExecPluginError(f"exec plugin {command}'s expirationTimestamp has no time zone")
+    return moment.timestamp()

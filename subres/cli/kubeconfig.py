@@ -3,8 +3,9 @@
 Owns finding the files (`--kubeconfig`, else `KUBECONFIG`'s list merged with
 the first file to set a name winning, else `~/.kube/config`), choosing the
 context and namespace, resolving paths relative to the file that named them,
-and turning the cluster and user into a server URL, an `ssl.SSLContext` and
-request headers. Exec credential plugins run through `subres.cli.execplugin`.
+and turning the cluster and user into a server URL, an `ssl.SSLContext`, a
+proxy and the user's `Credentials` (exec credential plugins run through
+`subres.cli.execplugin`, again whenever `subres.cli.credentials` says so).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import functools
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from subres.cli import execplugin
+from subres.cli.credentials import Credentials, headers_for
 
 __all__ = ["ClientConfig", "KubeconfigError", "from_args", "load"]
 
@@ -44,12 +47,19 @@ class ClientConfig:
     """TLS settings for an `https` server; None for plain `http`."""
     server_hostname: str | None
     """`tls-server-name`: the name to send as SNI and verify the certificate against."""
-    headers: Mapping[str, str]
-    """Headers every request carries (`Authorization`)."""
+    credentials: Credentials
+    """What every request carries (`Authorization`), kept fresh for exec plugins."""
     namespace: str
     """The namespace to work in: `-n`, else the context's, else `default`."""
     context: str
     """The name of the context in use."""
+    proxy: str | None = None
+    """`proxy-url`: the http(s) proxy every connection goes through; None: the environment's."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The credentials' headers as they are now."""
+        return self.credentials.headers
 
 
 @dataclass
@@ -180,41 +190,56 @@ def _client_config(
         raise KubeconfigError(
             f'context "{context}": cluster server {server!r} is not an http(s) URL'
         )
-    headers: dict[str, str] = {}
-    cert: tuple[bytes, bytes] | None = None
-    if user is not None:
-        headers, cert = _credentials(user, cluster, environ)
+    headers, cert, plugin = _user(user, cluster, environ)
+    current = plugin() if plugin is not None else None
+    if current is not None:
+        headers = headers_for(current.token, None)
+        if current.client_certificate and current.client_key:
+            cert = (current.client_certificate, current.client_key)
     tls = _ssl_context(cluster, cert) if scheme == "https" else None
+    reload = functools.partial(_load_client_cert, tls) if tls is not None else None
     return ClientConfig(
         server=server.rstrip("/"),
         ssl=tls,
         server_hostname=cluster.fields.get("tls-server-name") or None,
-        headers=headers,
+        credentials=Credentials(headers, plugin=plugin, current=current, reload_certificate=reload),
         namespace=namespace,
         context=context,
+        proxy=_proxy(cluster, context),
     )
 
 
-def _credentials(
-    user: _Named, cluster: _Named, environ: Mapping[str, str]
-) -> tuple[dict[str, str], tuple[bytes, bytes] | None]:
-    """Request headers and a client certificate with key (PEM) from a user entry."""
+Plugin = Callable[[], execplugin.Credential]
+
+
+def _user(
+    user: _Named | None, cluster: _Named, environ: Mapping[str, str]
+) -> tuple[dict[str, str], tuple[bytes, bytes] | None, Plugin | None]:
+    """Fixed headers, a client certificate with key (PEM), and the exec plugin to run if any."""
+    if user is None:
+        return {}, None, None
     fields = user.fields
     cert = _pem_pair(user)
     # The kubeconfig reference: a token takes precedence over tokenFile.
     token = fields.get("token") or _file_text(user, "tokenFile")
     if not token and cert is None and fields.get("exec"):
-        credential = _exec(user, cluster, environ)
-        token = credential.token
-        if credential.client_certificate and credential.client_key:
-            cert = (credential.client_certificate, credential.client_key)
-    headers: dict[str, str] = {}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    elif fields.get("username"):
-        pair = f"{fields['username']}:{fields.get('password') or ''}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-    return headers, cert
+        return {}, None, functools.partial(_exec, user, cluster, environ)
+    username = fields.get("username")
+    basic = (str(username), str(fields.get("password") or "")) if username else None
+    return headers_for(token, basic), cert, None
+
+
+def _proxy(cluster: _Named, context: str) -> str | None:
+    url = cluster.fields.get("proxy-url")
+    if not url:
+        return None
+    scheme = urlsplit(str(url)).scheme
+    if scheme not in ("http", "https"):
+        raise KubeconfigError(
+            f'context "{context}": proxy-url {url!r}: subres supports http and https proxies '
+            f"(not {scheme or 'a URL without a scheme'})"
+        )
+    return str(url)
 
 
 def _exec(user: _Named, cluster: _Named, environ: Mapping[str, str]) -> execplugin.Credential:

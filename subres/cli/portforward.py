@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 from websockets.asyncio.client import ClientConnection
@@ -85,6 +86,13 @@ def main(ns: argparse.Namespace) -> int:
             f"--transport {ns.transport} carries tcp only; use --transport websocket for udp"
         )
     config = kubeconfig.from_args(ns)
+    if config.proxy and not TRANSPORTS[ns.transport].udp:
+        # The SPDY carriers dial the server themselves and know no proxies (yet: they
+        # are moving to the shared SPDY engine).
+        raise CommandError(
+            f"--transport {ns.transport} cannot go through the kubeconfig's proxy-url; "
+            "use --transport websocket"
+        )
     return asyncio.run(_forward(config, typed, ns))
 
 
@@ -319,20 +327,24 @@ class SpdyTransport:
             return self._client
 
     async def _dial(self) -> Carrier:
+        async def attempt(headers: Mapping[str, str]) -> Carrier:
+            try:
+                return await self._upgrade(f"{self._base}/portforward", headers)
+            except carriers.UpgradeRefused as exc:
+                raise api.refusal(exc.status, exc.body, target=self._target) from None
+
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
-                return await self._upgrade(f"{self._base}/portforward")
-        except carriers.UpgradeRefused as exc:
-            raise api.refusal(exc.status, exc.body, target=self._target) from None
+                return await api.authorized(self._config, attempt)
         except (OSError, TimeoutError) as exc:
             raise api.unreachable(self._config, exc) from None
 
-    async def _upgrade(self, url: str) -> Carrier:
+    async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
         c = self._config
         return await carriers.upgrade(
             url,
             protocol=pairs.PROTOCOL,
-            headers=c.headers,
+            headers=headers,
             tls=c.ssl,
             server_hostname=c.server_hostname,
         )
@@ -341,12 +353,12 @@ class SpdyTransport:
 class TunnelTransport(SpdyTransport):
     """The same stream pairs, the SPDY bytes in one WebSocket (`SPDY/3.1+portforward.k8s.io`)."""
 
-    async def _upgrade(self, url: str) -> Carrier:
+    async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
         c = self._config
         return await carriers.tunnel(
             url,
             subprotocol=pairs.TUNNEL_PROTOCOL,
-            headers=c.headers,
+            headers=headers,
             tls=c.ssl,
             server_hostname=c.server_hostname,
         )

@@ -15,6 +15,7 @@ import pytest
 
 from subres.cli import api
 from subres.cli.api import CommandError, Target
+from subres.cli.credentials import Credentials
 from subres.cli.kubeconfig import ClientConfig
 from tests.cli.conftest import Demo, run_cli, write_kubeconfig
 
@@ -25,7 +26,7 @@ def _config(namespace: str = "home") -> ClientConfig:
         server="https://127.0.0.1:1",
         ssl=None,
         server_hostname=None,
-        headers={},
+        credentials=Credentials({}),
         namespace=namespace,
         context="test",
     )
