@@ -1,10 +1,12 @@
 """`subres demo`: the whole product on one machine, no cluster needed.
 
-Writes a state directory (certificates, a random token, a kubeconfig, the
-machines file, the config), starts the demo machine's console (a shell in a
-PTY on a unix socket), its display (a small VNC server on another) and a
-standalone server on loopback, prints what to try, and stops cleanly on
-Ctrl+C or SIGTERM.
+Claims the state directory (a second demo there refuses before it touches
+anything: `subres.demo.claim`), writes it (certificates, a random token, a
+kubeconfig, the machines file, the config), starts the demo machine's
+console (a shell in a PTY on a unix socket), its display (a small VNC server
+on another), its web page (the port-forward target) and a standalone server
+on loopback, prints what to try, and stops cleanly on Ctrl+C or SIGTERM.
+Quiet by default: no access log.
 """
 
 from __future__ import annotations
@@ -15,18 +17,22 @@ import base64
 import os
 import secrets
 import signal
+import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from subres.demo import claim as claims
 from subres.demo.shell import ShellServer
 from subres.demo.vnc import VncServer
+from subres.demo.website import Website
 from subres.server import certs
-from subres.server.options import Options
+from subres.server.options import Options, add_operator_arguments
 from subres.server.run import Server, complete
 
-__all__ = ["add_arguments", "main", "prepare", "start"]
+__all__ = ["Demo", "add_arguments", "main", "prepare"]
 
 ADDRESS = "127.0.0.1"
 
@@ -41,10 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the kubeconfig, certificates and machines file go",
     )
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port on 127.0.0.1 (0: any)")
+    add_operator_arguments(parser)
 
 
-def prepare(state_dir: Path, port: int) -> Options:
-    """Write the state directory's files; the server options that use them."""
+def prepare(state_dir: Path, port: int, *, web_port: int, access_log: bool = False) -> Options:
+    """Write the state directory's files; the server options that use them.
+
+    `web_port` is where the demo machine's web page listens (its port-forward target).
+    """
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     state_dir = state_dir.resolve()
     cert_dir = state_dir / "certs"
@@ -54,7 +64,7 @@ def prepare(state_dir: Path, port: int) -> Options:
         tokens.write_text(f'{secrets.token_urlsafe(32)},demo,demo-uid,"demo-users"\n')
         tokens.chmod(0o600)
     _write_yaml(state_dir / "config.yaml", _config(state_dir))
-    (state_dir / "machines.yaml").write_text(_machines(state_dir))
+    (state_dir / "machines.yaml").write_text(_machines(state_dir, web_port))
     return Options(
         secure_port=port,
         bind_address=ADDRESS,
@@ -70,6 +80,7 @@ def prepare(state_dir: Path, port: int) -> Options:
         # The browser page is static and public; its WebSockets carry the token.
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez", "/ui", "/ui/*"),
         shutdown_grace=2.0,
+        access_log=access_log,
     )
 
 
@@ -83,7 +94,7 @@ def _config(state_dir: Path) -> dict[str, object]:
     }
 
 
-def _machines(state_dir: Path) -> str:
+def _machines(state_dir: Path, web_port: int) -> str:
     def machine(name: str, phase: str) -> dict[str, object]:
         return {
             "apiVersion": "subres.dev/v1alpha1",
@@ -92,6 +103,7 @@ def _machines(state_dir: Path) -> str:
             "spec": {
                 "console": {"endpoint": f"unix://{state_dir / 'console.sock'}"},
                 "vnc": {"endpoint": f"unix://{state_dir / 'vnc.sock'}"},
+                "portForward": {"address": ADDRESS, "ports": [web_port]},
             },
             "status": {"phase": phase},
         }
@@ -137,70 +149,117 @@ def write_kubeconfig(state_dir: Path, port: int) -> Path:
     return path
 
 
-async def start(state_dir: Path, port: int) -> tuple[Server, ShellServer, VncServer, Path]:
-    """Start the console shell, the display and the server; the kubeconfig path."""
-    options = prepare(state_dir, port)
-    assert options.standalone is not None
-    shell = ShellServer(
-        options.standalone.parent / "console.sock", shell=os.environ.get("SHELL", "/bin/sh")
-    )
-    display = VncServer(options.standalone.parent / "vnc.sock")
-    await shell.start()
-    try:
-        await display.start()
-        server = complete(options)
-        bound = await server.start()
-    except BaseException:
-        await display.stop()
-        await shell.stop()
-        raise
-    return server, shell, display, write_kubeconfig(options.standalone.parent, bound)
+@dataclass
+class Demo:
+    """The running parts: the machine's console, display and web page, and the server."""
+
+    shell: ShellServer
+    display: VncServer
+    website: Website
+    server: Server | None = None
+    kubeconfig: Path | None = None
+
+    @classmethod
+    async def start(cls, state_dir: Path, port: int, *, access_log: bool = False) -> Demo:
+        """Write `state_dir` (absolute) and start everything; stops what started on failure."""
+        demo = cls(
+            ShellServer(state_dir / "console.sock", shell=os.environ.get("SHELL", "/bin/sh")),
+            VncServer(state_dir / "vnc.sock"),
+            Website(),
+        )
+        try:
+            web_port = await demo.website.start()
+            options = prepare(state_dir, port, web_port=web_port, access_log=access_log)
+            await demo.shell.start()
+            await demo.display.start()
+            demo.server = complete(options)
+            bound = await demo.server.start()
+            demo.kubeconfig = write_kubeconfig(state_dir, bound)
+        except BaseException:
+            await demo.stop()
+            raise
+        return demo
+
+    async def stop(self) -> None:
+        """Stop the server first (it closes the sessions), then the machine's parts."""
+        if self.server is not None:
+            await self.server.stop()
+        await self.display.stop()
+        await self.shell.stop()
+        await self.website.stop()
 
 
 def _token(state_dir: Path) -> str:
     return (state_dir / "tokens.csv").read_text().split(",", 1)[0]
 
 
-def _banner(kubeconfig: Path, port: int) -> str:
+def _banner(demo: Demo) -> str:
+    assert demo.server is not None and demo.kubeconfig is not None
+    port, k = demo.server.port, demo.kubeconfig
     group = "/apis/subresources.subres.dev/v1alpha1"
     # The token rides in the fragment, which browsers never send to the server.
-    page = f"https://{ADDRESS}:{port}/ui/?machine=default/demo#token={_token(kubeconfig.parent)}"
+    page = f"https://{ADDRESS}:{port}/ui/?machine=default/demo#token={_token(k.parent)}"
+    web = demo.website.port
     return f"""subres demo is serving on https://{ADDRESS}:{port} (Ctrl+C stops it)
-  kubeconfig: {kubeconfig}
-  machines:   {kubeconfig.parent / "machines.yaml"} (edit it; changes apply at once)
+  kubeconfig: {k}
+  machines:   {k.parent / "machines.yaml"} (edit it; changes apply at once)
   browser:    {page}
 
 Try:
-  subres --kubeconfig {kubeconfig} console demo        (Ctrl+] leaves)
-  echo 'uname -a' | subres --kubeconfig {kubeconfig} console demo
-  subres --kubeconfig {kubeconfig} vnc demo
-  subres --kubeconfig {kubeconfig} screenshot demo -o demo.png
-  kubectl --kubeconfig {kubeconfig} get --raw {group}
-  kubectl --kubeconfig {kubeconfig} get --raw \\
+  subres --kubeconfig {k} console demo        (Ctrl+] leaves)
+  echo 'uname -a' | subres --kubeconfig {k} console demo
+  subres --kubeconfig {k} port-forward demo 8080:{web}   (then open http://localhost:8080/)
+  subres --kubeconfig {k} web demo        (console and display at http://127.0.0.1:8070/ui/)
+  subres --kubeconfig {k} vnc demo
+  subres --kubeconfig {k} screenshot demo -o demo.png
+  kubectl --kubeconfig {k} get --raw {group}
+  kubectl --kubeconfig {k} get --raw \\
       {group}/namespaces/default/machines/stopped/console
 """
 
 
-async def _run(state_dir: Path, port: int) -> None:
-    server, shell, display, kubeconfig = await start(state_dir, port)
+async def _run(state_dir: Path, port: int, claim: claims.Claim, *, access_log: bool) -> None:
+    demo = await Demo.start(state_dir, port, access_log=access_log)
+    assert demo.server is not None and demo.kubeconfig is not None
+    claim.announce(url=f"https://{ADDRESS}:{demo.server.port}", kubeconfig=demo.kubeconfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(_banner(kubeconfig, server.port), flush=True)
+    print(_banner(demo), flush=True)
     try:
         await stop.wait()
     finally:
         print("stopping", file=sys.stderr, flush=True)
-        await server.stop()
-        await display.stop()
-        await shell.stop()
+        await demo.stop()
+
+
+def _port_free(port: int) -> None:
+    """Refuse a busy port before writing anything (the server binds it only later)."""
+    if port == 0:
+        return
+    with socket.socket() as probe:
+        # As the server's listener will: a port in TIME_WAIT is free to it.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ADDRESS, port))
+        except OSError as exc:
+            raise claims.DemoRunning(
+                f"port {port} on {ADDRESS} is in use ({exc.strerror}); "
+                "is another demo running? pass --port (0 picks a free one)"
+            ) from None
 
 
 def main(ns: argparse.Namespace) -> int:
     """Run the demo until interrupted."""
     try:
-        asyncio.run(_run(ns.state_dir, ns.port))
+        with claims.claim(ns.state_dir) as claim:
+            _port_free(ns.port)
+            state_dir = ns.state_dir.resolve()
+            asyncio.run(_run(state_dir, ns.port, claim, access_log=ns.access_log))
+    except claims.DemoRunning as exc:
+        print(f"subres demo: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"subres demo: {exc}", file=sys.stderr)
         return 1

@@ -2,7 +2,8 @@
 
 Each connection gets a fresh shell. Bytes from the socket go to the PTY;
 the PTY's output goes back. When the client half-closes, the shell is sent
-EOF (Ctrl+D) so piped scripts end; when the shell exits, the socket closes.
+EOF (Ctrl+D, as often as it takes: see `_EndOfInput`) so piped scripts end;
+when the shell exits, the socket closes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import pty
 import signal
+import termios
 from pathlib import Path
 
 __all__ = ["ShellServer"]
@@ -20,6 +22,11 @@ __all__ = ["ShellServer"]
 log = logging.getLogger(__name__)
 
 EOT = b"\x04"
+INPUTRC = """\
+# The demo console's readline: yours, minus bracketed paste, whose escape codes
+# would clutter every output read through a pipe (`echo 'uname -a' | subres console`).
+{includes}set enable-bracketed-paste off
+"""
 
 
 class ShellServer:
@@ -29,11 +36,16 @@ class ShellServer:
         self.path = path
         self.shell = shell
         self.home = os.path.expanduser("~")
+        self.inputrc = path.with_name("inputrc")
         self._server: asyncio.Server | None = None
         self._sessions: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Listen on the socket path (replacing a stale socket)."""
+        includes = [Path("/etc/inputrc"), Path(self.home, ".inputrc")]
+        self.inputrc.write_text(
+            INPUTRC.format(includes="".join(f"$include {p}\n" for p in includes if p.is_file()))
+        )
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
@@ -62,7 +74,12 @@ class ShellServer:
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         master, slave = pty.openpty()
-        env = {**os.environ, "TERM": "xterm-256color", "PS1": "demo$ "}
+        env = {
+            **os.environ,
+            "TERM": "xterm-256color",
+            "PS1": "demo$ ",
+            "INPUTRC": str(self.inputrc),
+        }
         try:
             proc = await asyncio.create_subprocess_exec(
                 self.shell,
@@ -93,24 +110,80 @@ async def _relay(master: int, reader: asyncio.StreamReader, writer: asyncio.Stre
         asyncio.streams.FlowControlMixin, os.fdopen(os.dup(master), "wb", 0)
     )
     tty_in = asyncio.StreamWriter(transport, protocol, None, loop)
-    up = asyncio.create_task(_copy(reader, tty_in, eof=EOT))
+    end_of_input = _EndOfInput(master, tty_in)
+    up = asyncio.create_task(_up(reader, tty_in, end_of_input))
     try:
-        await _copy(tty_out, writer, eof=b"")
+        await _down(tty_out, writer, end_of_input)
     finally:
         up.cancel()
         await asyncio.wait([up])
         tty_in.close()
 
 
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, eof: bytes) -> None:
-    """Copy until EOF (a PTY whose shell exited reads as EIO), then send `eof`."""
+class _EndOfInput:
+    """Ctrl+D typed for a client that closed its input, until the shell has read it as EOF.
+
+    One Ctrl+D is not always enough. The terminal turns it into end-of-file
+    only in canonical mode; bash's readline switches canonical mode off while
+    it waits at its prompt and reads Ctrl+D as a key, and a Ctrl+D typed while
+    the terminal was canonical (bash still starting, or running a command)
+    reaches readline as a NUL it ignores: `echo 'uname -a' | subres console
+    demo` hung forever under bash. So after the client's EOF, Ctrl+D is typed
+    once more whenever the output shows the terminal non-canonical again
+    (readline switches before it draws its prompt); sh, always canonical,
+    reads the first one.
+    """
+
+    def __init__(self, master: int, tty_in: asyncio.StreamWriter) -> None:
+        self._master = master
+        self._tty_in = tty_in
+        self._closed = False
+        self._typed_raw = False
+        """Ctrl+D was typed since the terminal last left canonical mode."""
+
+    def client_closed(self) -> None:
+        """The client sent EOF: type Ctrl+D now."""
+        self._closed = True
+        self._typed_raw = not self._canonical()
+        self._tty_in.write(EOT)
+
+    def output_seen(self) -> None:
+        """The shell wrote something: type Ctrl+D again if it may be waiting at a prompt."""
+        if not self._closed:
+            return
+        if self._canonical():
+            self._typed_raw = False
+        elif not self._typed_raw:
+            self._typed_raw = True
+            self._tty_in.write(EOT)
+
+    def _canonical(self) -> bool:
+        try:
+            return bool(termios.tcgetattr(self._master)[3] & termios.ICANON)
+        except termios.error:  # the shell is gone
+            return True
+
+
+async def _up(
+    reader: asyncio.StreamReader, tty_in: asyncio.StreamWriter, end_of_input: _EndOfInput
+) -> None:
     with contextlib.suppress(OSError):
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-        if eof:
-            dst.write(eof)
-            await dst.drain()
+        while data := await reader.read(65536):
+            tty_in.write(data)
+            await tty_in.drain()
+        end_of_input.client_closed()
+        await tty_in.drain()
+
+
+async def _down(
+    tty_out: asyncio.StreamReader, writer: asyncio.StreamWriter, end_of_input: _EndOfInput
+) -> None:
+    """Copy the shell's output until it exits (its PTY then reads as EIO)."""
+    with contextlib.suppress(OSError):
+        while data := await tty_out.read(65536):
+            writer.write(data)
+            end_of_input.output_seen()
+            await writer.drain()
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:

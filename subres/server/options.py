@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Options", "add_arguments", "duration"]
+__all__ = ["Options", "add_arguments", "add_operator_arguments", "duration"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
 _UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
@@ -62,6 +62,8 @@ class Options:
     """Seconds allowed SubjectAccessReview verdicts are cached."""
     authorization_webhook_cache_unauthorized_ttl: float = 10.0
     """Seconds denied SubjectAccessReview verdicts are cached."""
+    access_log: bool = False
+    """Log one line per HTTP request (`--access-log`)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -98,6 +100,7 @@ class Options:
             authorization_webhook_cache_unauthorized_ttl=(
                 ns.authorization_webhook_cache_unauthorized_ttl
             ),
+            access_log=ns.access_log,
         )
 
     def validate(self) -> list[str]:
@@ -183,6 +186,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=5.0,
         help="seconds live sessions get to close on SIGTERM",
+    )
+    add_operator_arguments(parser)
+
+
+def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    """What an operator tunes about the output (shared by `serve` and `demo`)."""
+    parser.add_argument(
+        "--access-log", action="store_true", help="log one line per HTTP request (default off)"
     )
 
 

@@ -90,6 +90,9 @@ class Server:
             # A lost client connection cancels its handler: a session whose
             # client vanished ends even while its backend blocks (`session.Live.run`).
             handler_cancellation=True,
+            # One line per request only when asked for (--access-log): a page load alone
+            # is dozens of requests.
+            access_log=logging.getLogger("aiohttp.access") if self.options.access_log else None,
         )
         await self.runner.setup()
         site = web.TCPSite(

@@ -42,6 +42,8 @@ class Demo:
     url: str
     kubeconfig: Path
     state_dir: Path
+    banner: str = ""
+    """Everything it printed on start, down to the last line of "Try:"."""
 
 
 def cli_env(home: Path) -> dict[str, str]:
@@ -103,23 +105,25 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running_demo() -> Iterator[Demo]:
-    """`subres demo` on a free port with a POSIX shell as the machine's console."""
+def running_demo(*args: str, shell: str = "/bin/sh") -> Iterator[Demo]:
+    """`subres demo ARGS` on a free port with `shell` as the machine's console."""
     with tempfile.TemporaryDirectory(prefix="subres-demo-") as tmp:
         state = Path(tmp)
-        env = {**cli_env(state), "SHELL": "/bin/sh"}
+        env = {**cli_env(state), "SHELL": shell}
         with (state / "server.log").open("wb") as log:
             proc = subprocess.Popen(
-                cli("demo", "--state-dir", state, "--port", "0"),
+                cli("demo", "--state-dir", state, "--port", "0", *args),
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=env,
             )
         try:
             match = read_until(
-                proc, rb"serving on (https://127\.0\.0\.1:\d+)", timeout=START_TIMEOUT
+                proc,
+                rb"(?s)serving on (https://127\.0\.0\.1:\d+).*Try:.*/stopped/console\n",
+                timeout=START_TIMEOUT,
             )
-            yield Demo(match.group(1).decode(), state / "kubeconfig", state)
+            yield Demo(match.group(1).decode(), state / "kubeconfig", state, match[0].decode())
         finally:
             stop(proc)
             assert proc.stdout is not None
