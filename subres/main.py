@@ -147,7 +147,10 @@ def _configure_logging(ns: argparse.Namespace) -> None:
 
     level = {0: logging.WARNING, 1: logging.INFO}.get(ns.verbose, logging.DEBUG)
     if ns.verb in ("serve", "demo"):
-        level = min(level, logging.INFO)
+        from subres.server import logs
+
+        logs.configure(level=min(level, logging.INFO), logging_format=ns.logging_format)
+        return
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 

@@ -21,24 +21,31 @@ V = TypeVar("V")
 
 
 class TTLCache(Generic[K, V]):
-    """Values that expire, least recently used evicted beyond `max_entries`."""
+    """Values that expire, least recently used evicted beyond `max_entries`.
+
+    `hits` and `misses` count the lookups that found a live value and those
+    that did not, for metrics to read.
+    """
 
     def __init__(self, *, max_entries: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
         self._max = max_entries
         self._clock = clock
+        self.hits = 0
+        self.misses = 0
 
     def get(self, key: K) -> V | None:
         """The live value for `key`, or None."""
         entry = self._entries.get(key)
-        if entry is None:
-            return None
-        expires, value = entry
-        if self._clock() >= expires:
+        if entry is not None and self._clock() >= entry[0]:
             del self._entries[key]
+            entry = None
+        if entry is None:
+            self.misses += 1
             return None
+        self.hits += 1
         self._entries.move_to_end(key)
-        return value
+        return entry[1]
 
     def put(self, key: K, value: V, *, ttl: float) -> None:
         """Keep `value` for `ttl` seconds (not at all when `ttl` is not positive)."""

@@ -89,6 +89,11 @@ class TokenReviewAuthenticator:
         # Tokens are keyed by a keyed hash: the cache never holds a usable credential.
         self._salt = os.urandom(32)
 
+    @property
+    def cache(self) -> TTLCache[bytes, _Verdict]:
+        """The verdict cache (its hit and miss counts are metrics)."""
+        return self._cache
+
     async def authenticate(self, token: str) -> UserInfo:
         """The token's user (without `system:authenticated`); raises `Unauthenticated`."""
         key = hmac.new(self._salt, token.encode(), hashlib.sha256).digest()
@@ -149,6 +154,11 @@ class WebhookAuthorizer:
             max_entries=settings.max_entries, clock=clock
         )
         self._inflight: Coalescer[str, Decision] = Coalescer()
+
+    @property
+    def cache(self) -> TTLCache[str, Decision]:
+        """The decision cache (its hit and miss counts are metrics)."""
+        return self._cache
 
     async def authorize(self, user: UserInfo, attrs: Attributes) -> Decision:
         """The decision; raises a 500 `StatusError` when no verdict could be had."""

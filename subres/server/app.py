@@ -92,6 +92,8 @@ def build(state: State) -> web.Application:
         await state.sessions.close_all("the server is shutting down")
 
     app.on_shutdown.append(on_shutdown)
+    # Every answer, errors and upgrades included, as its headers go out.
+    app.on_response_prepare.append(state.metrics.answered)
     return app
 
 

@@ -43,7 +43,7 @@ def run(ns: argparse.Namespace) -> int:
     )
     ca.write(out / "ca.crt", out / "ca.key")
     serving.write(out / "tls.crt", out / "tls.key")
-    (out / "secret.yaml").write_text(yaml.safe_dump(_secret(serving, ns.namespace)))
+    (out / "secret.yaml").write_text(yaml.safe_dump(_secret(serving, ca, ns.namespace)))
     (out / "apiservice-cabundle.yaml").write_text(yaml.safe_dump(_patch(ca)))
     print(f"wrote {out}/{{ca.crt,tls.crt,tls.key,secret.yaml,apiservice-cabundle.yaml}}")
     return 0
@@ -53,13 +53,16 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _secret(serving: certs.KeyPair, namespace: str) -> dict[str, object]:
+def _secret(serving: certs.KeyPair, ca: certs.KeyPair, namespace: str) -> dict[str, object]:
+    # ca.crt too (as cert-manager writes it): a scraper verifies the serving certificate
+    # with it (deploy/components/monitoring).
+    data = {"tls.crt": serving.cert_pem(), "tls.key": serving.key_pem(), "ca.crt": ca.cert_pem()}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "kubernetes.io/tls",
         "metadata": {"name": SECRET, "namespace": namespace},
-        "data": {"tls.crt": _b64(serving.cert_pem()), "tls.key": _b64(serving.key_pem())},
+        "data": {key: _b64(value) for key, value in data.items()},
     }
 
 

@@ -1,14 +1,81 @@
-"""Prometheus metrics of one server instance (a registry per application)."""
+"""Prometheus metrics of one server instance (a registry per application).
+
+Besides subres's own counters, the registry holds the process collector
+(`process_resident_memory_bytes`, `process_open_fds`, CPU seconds, …) and
+reads the hit and miss counts of the TokenReview and SubjectAccessReview
+caches when scraped. The README's metrics table lists every series.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from subres.streams.pump import Traffic
 
-__all__ = ["Metrics"]
+__all__ = ["SUBRESOURCES", "CacheStats", "Metrics", "request_kind"]
+
+SUBRESOURCES = frozenset({"console", "vnc", "screenshot", "portforward"})
+
+
+class CacheStats(Protocol):
+    """What a cache counts (`subres.auth.ttlcache.TTLCache`)."""
+
+    hits: int
+    misses: int
+
+
+def request_kind(path: str) -> str:
+    """The `kind` label of a request: its subresource, else what part of the API it asked for.
+
+    A fixed set of values, whatever the path: labels must not grow with the
+    paths clients make up.
+    """
+    parts = path.strip("/").split("/")
+    if parts[0] == "apis":
+        # /apis/{group}/{version}/namespaces/{ns}/{resource}/{name}/{subresource}/...
+        if len(parts) >= 8 and parts[3] == "namespaces":
+            return parts[7] if parts[7] in SUBRESOURCES else "other"
+        return "discovery"
+    return {
+        "openapi": "openapi",
+        "healthz": "health",
+        "livez": "health",
+        "readyz": "health",
+        "metrics": "metrics",
+        "ui": "ui",
+    }.get(parts[0], "other")
+
+
+class _AuthCaches(Collector):
+    """`subres_auth_cache_requests_total`, read from the caches at each scrape."""
+
+    def __init__(self, caches: Mapping[str, CacheStats]) -> None:
+        self._caches = caches
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "subres_auth_cache_requests",
+            "Lookups in the TokenReview and SubjectAccessReview caches, by cache and result.",
+            labels=["cache", "result"],
+        )
+        for name, cache in self._caches.items():
+            family.add_metric([name, "hit"], cache.hits)
+            family.add_metric([name, "miss"], cache.misses)
+        yield family
 
 
 class Metrics:
@@ -16,9 +83,11 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
         self.requests = Counter(
             "subres_requests",
-            "HTTP requests answered, by subresource (or path kind) and code.",
+            "HTTP requests answered, by subresource (or path kind) and code "
+            "(101 when a session starts).",
             ["kind", "code"],
             registry=self.registry,
         )
@@ -54,6 +123,14 @@ class Metrics:
             buckets=(1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
             registry=self.registry,
         )
+
+    def watch_caches(self, caches: Mapping[str, CacheStats]) -> None:
+        """Report the hits and misses of `caches` (by name) at every scrape."""
+        self.registry.register(_AuthCaches(caches))
+
+    async def answered(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Count a response as its headers go out (`on_response_prepare`)."""
+        self.requests.labels(request_kind(request.path), str(response.status)).inc()
 
     def session_started(self, subresource: str) -> None:
         """A session of `subresource` is live."""

@@ -195,6 +195,12 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--access-log", action="store_true", help="log one line per HTTP request (default off)"
     )
+    parser.add_argument(
+        "--logging-format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default), or json: one object per line as Kubernetes components write it",
+    )
 
 
 def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

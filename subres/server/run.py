@@ -178,6 +178,12 @@ async def complete_cluster(
         tls_ready=tls.ready,
         readiness={"authentication-config": lambda: parts.auth.ready},
     )
+    state.metrics.watch_caches(
+        {
+            "tokenreview": parts.authenticator.tokens.cache,
+            "subjectaccessreview": parts.authorizer.cache,
+        }
+    )
     return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
 
 

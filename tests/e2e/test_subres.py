@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from PIL import Image
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
@@ -500,6 +501,49 @@ async def test_screenshot_through_kube_apiserver_for_the_viewer_role(
 
 
 # -- the watch cache -------------------------------------------------------------------
+
+
+# -- operators: Prometheus scraping with the monitoring component's RBAC ------------------
+
+
+MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "components" / "monitoring"
+
+
+async def scrape(subres: Subres, token: str) -> tuple[int, str]:
+    """GET subres's /metrics straight (as Prometheus does, pod by pod) with `token`."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        session.get(
+            subres.url + "/metrics",
+            headers={"Authorization": f"Bearer {token}"},
+            ssl=subres.ssl_context(),
+            server_hostname=SERVER_NAME,
+        ) as response,
+    ):
+        return response.status, await response.text()
+
+
+async def test_a_scraper_bound_by_the_monitoring_component_reads_metrics(
+    control_plane: ControlPlane, subres: Subres
+) -> None:
+    rbac = list(yaml.safe_load_all((MONITORING / "rbac-metrics.yaml").read_text()))
+    (subject,) = rbac[1]["subjects"]
+    scraper = await control_plane.service_account_token(subject["namespace"], subject["name"])
+    stranger = await control_plane.service_account_token(subject["namespace"], "not-prometheus")
+    status, _ = await scrape(subres, scraper)
+    assert status == 403  # not bound yet
+    for doc in rbac:
+        await control_plane.apply(doc)
+
+    async def readable() -> bool:
+        # subres caches a denied SubjectAccessReview for 10 s.
+        return (await scrape(subres, scraper))[0] == 200
+
+    assert await poll(readable, timeout_s=REFLECT_TIMEOUT_S), "/metrics stayed forbidden"
+    _, text = await scrape(subres, scraper)
+    assert "subres_requests_total{" in text and "process_open_fds " in text
+    assert "subres_auth_cache_requests_total{" in text
+    assert (await scrape(subres, stranger))[0] == 403
 
 
 async def test_machine_changes_reach_subres_within_seconds(

@@ -58,3 +58,38 @@ def test_certs_verb_writes_secret_and_cabundle(tmp_path: Path) -> None:
     ca = x509.load_pem_x509_certificate(base64.b64decode(patch["spec"]["caBundle"]))
     cert.verify_directly_issued_by(ca)
     assert secret["metadata"]["namespace"] == "subres-system"
+
+
+def test_monitoring_component_scrapes_the_service_with_the_rbac_it_needs(tmp_path: Path) -> None:
+    component = DEPLOY / "components" / "monitoring"
+    kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    docs = {
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for name in kustomization["resources"]
+        for doc in yaml.safe_load_all((component / name).read_text())
+    }
+    service = documents()[("Service", "subres")]
+    monitor = docs[("ServiceMonitor", "subres")]["spec"]
+    labels = service["metadata"]["labels"]
+    assert monitor["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert (endpoint["scheme"], endpoint["path"]) == ("https", "/metrics")
+    # The CA and name it verifies with are what `subres certs` writes.
+    out = tmp_path / "out"
+    assert main(["certs", "--out", str(out)]) == 0
+    secret = yaml.safe_load((out / "secret.yaml").read_text())
+    tls = endpoint["tlsConfig"]
+    assert tls["ca"]["secret"]["name"] == secret["metadata"]["name"]
+    ca = x509.load_pem_x509_certificate(
+        base64.b64decode(secret["data"][tls["ca"]["secret"]["key"]])
+    )
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert tls["serverName"] in names.get_values_for_type(x509.DNSName)
+    role = docs[("ClusterRole", "subres-metrics-reader")]
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = docs[("ClusterRoleBinding", "subres-metrics-reader")]
+    assert binding["roleRef"]["name"] == "subres-metrics-reader"
