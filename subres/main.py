@@ -96,8 +96,11 @@ _CLIENT = frozenset(v.name for v in client_commands.VERBS)
 
 def parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line; with `only`, just that verb's flags are loaded ("" loads none)."""
+    # kubectl runs us as kubectl-subres: usage lines then read as the user typed them.
+    plugin = sys.argv[0].rsplit("/", 1)[-1] == "kubectl-subres"
     top = argparse.ArgumentParser(
-        prog="subres", description="Interactive subresources for Kubernetes CRD objects."
+        prog="kubectl subres" if plugin else "subres",
+        description="Interactive subresources for Kubernetes CRD objects.",
     )
     top.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     client_commands.add_client_flags(top)

@@ -11,6 +11,7 @@ unreachable server, never the repr of a library object.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import ssl
@@ -45,6 +46,7 @@ __all__ = [
     "get",
     "json_object",
     "object_url",
+    "os_reason",
     "parse_target",
     "refusal",
     "resolve",
@@ -377,8 +379,9 @@ def describe(exc: BaseException) -> str:
     for kind, words in _WORDS:
         if isinstance(exc, kind):
             return words(exc)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[:1].lower() + exc.strerror[1:]
+    if isinstance(exc, OSError) and (exc.errno or exc.strerror):
+        reason = os_reason(exc)
+        return reason[:1].lower() + reason[1:]
     # Some libraries put object reprs in their messages; they help nobody.
     return re.sub(r"<[^<>]* object at 0x[0-9a-f]+>", "…", str(exc) or type(exc).__name__)
 
@@ -394,6 +397,11 @@ _WORDS: tuple[tuple[type[BaseException], Callable[[Any], str]], ...] = (
     (TimeoutError, lambda e: "timed out"),
 )
 """Failures worth their own words, most specific first."""
+
+
+def os_reason(exc: OSError) -> str:
+    """The system's words for `exc`'s errno (asyncio puts addresses and calls in strerror)."""
+    return os.strerror(exc.errno) if exc.errno else str(exc.strerror or exc)
 
 
 def _cause(exc: BaseException) -> BaseException | None:

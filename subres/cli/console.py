@@ -94,6 +94,8 @@ async def _connect(
             )
         except ServerError as exc:
             remaining = deadline - loop.time()
+            if exc.code in RETRY_CODES and retry_for == 0 and not exc.hint:
+                exc.hint = "hint: --timeout 5m waits for it to become available"
             if exc.code not in RETRY_CODES or remaining <= 0:
                 raise
             if not announced:

@@ -428,7 +428,7 @@ async def _start_all(
         try:
             port = await _start(stack, transport, spec._replace(local=port), address)
         except OSError as exc:
-            failures.append(f"{_host(address)}:{port}: {exc.strerror or exc}")
+            failures.append(f"{_host(address)}:{port}: {api.os_reason(exc)}")
             continue
         bound.append((address, port))
     if not bound:

@@ -28,6 +28,9 @@ MAX_BODY = 256 << 20
 def main(ns: argparse.Namespace) -> int:
     """Fetch and save one screenshot."""
     typed = api.parse_target(ns.target)
+    if ns.output == "-" and sys.stdout.isatty():
+        # As curl does: a PNG would scramble the terminal.
+        raise CommandError("-o - would write a PNG image to your terminal; redirect it or -o FILE")
     config = kubeconfig.from_args(ns)
     png = asyncio.run(_fetch(config, typed, ns))
     try:

@@ -84,7 +84,7 @@ class _Relay:
             server = await asyncio.start_server(self._serve, address, port)
         except OSError as exc:
             await self._ready.close()
-            raise CommandError(f"cannot listen on {address}:{port}: {exc.strerror}") from None
+            raise CommandError(f"cannot listen on {address}:{port}: {api.os_reason(exc)}") from None
         bound = int(server.sockets[0].getsockname()[1])
         try:
             with terminal.on_signals((signal.SIGINT, signal.SIGTERM), self._stop.set):

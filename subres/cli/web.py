@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import signal
@@ -69,7 +70,10 @@ async def _web(config: ClientConfig, typed: api.TargetText | None, ns: argparse.
     try:
         return await _serve(build(config, settings), ns.address, ns.port, settings)
     except OSError as exc:
-        raise CommandError(f"cannot listen on {ns.address}:{ns.port}: {exc.strerror}") from None
+        hint = "; pass --port (0 picks a free one)" if exc.errno == errno.EADDRINUSE else ""
+        raise CommandError(
+            f"cannot listen on {ns.address}:{ns.port}: {api.os_reason(exc)}{hint}"
+        ) from None
 
 
 def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:

@@ -218,3 +218,11 @@ def test_timeout_gives_up_with_the_last_message(demo: Demo, workdir: Path) -> No
     lines = done.stderr.decode().splitlines()
     assert re.fullmatch(r"machine/stopped: .*Stopped.*; waiting", lines[0])
     assert lines[-1].startswith("Error from server (Conflict): ") and "Stopped" in lines[-1]
+
+
+def test_a_stopped_machine_suggests_waiting_for_it(demo: Demo, workdir: Path) -> None:
+    done = run_cli(["--kubeconfig", demo.kubeconfig, "console", "stopped"], home=workdir)
+    assert done.returncode == 1
+    lines = done.stderr.decode().splitlines()
+    assert lines[0].startswith("Error from server (Conflict): Machine default/stopped is not")
+    assert lines[1:] == ["hint: --timeout 5m waits for it to become available"]
