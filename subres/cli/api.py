@@ -59,6 +59,11 @@ T = TypeVar("T")
 OPEN_TIMEOUT = 30.0
 MAX_DISCOVERY = 4 << 20
 UNREACHABLE_HINT = "is the server running? check --kubeconfig/--context"
+NO_SUCH_PATH = ("404 page not found", "the server could not find the requested resource")
+"""How kube-apiserver (plain text) and Kubernetes clients word a path nobody serves."""
+APISERVICE_HINT = (
+    "hint: is subres installed here, its APIService Available? (kubectl get apiservices)"
+)
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A namespace name (DNS-1123 label)."""
 
@@ -359,7 +364,10 @@ def refusal(
         text = (body or b"").decode("utf-8", "replace").strip()
         message = text[:500] if text else f"the server answered {code} and said nothing more"
     error = ServerError(code, message, reason=str(reason) if reason else None)
-    if code == 404 and target is not None:
+    if code == 404 and message.startswith(NO_SUCH_PATH):
+        # A group kube-apiserver does not serve: subres is not registered (or not Available).
+        error.hint = APISERVICE_HINT
+    elif code == 404 and target is not None:
         error.hint = target.hint
     return error
 

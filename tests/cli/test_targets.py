@@ -70,6 +70,17 @@ def test_a_status_reads_as_kubectl_prints_it() -> None:
     )
 
 
+def test_a_group_nobody_serves_suggests_checking_the_apiservice() -> None:
+    body = b'{"kind":"Status","message":"the server could not find the requested resource",'
+    body += b'"reason":"NotFound","code":404}'
+    assert api.refusal(404, body).line().splitlines() == [
+        "Error from server (NotFound): the server could not find the requested resource",
+        "hint: is subres installed here, its APIService Available? (kubectl get apiservices)",
+    ]
+    # kube-apiserver itself answers such a path in plain text.
+    assert "kubectl get apiservices" in api.refusal(404, b"404 page not found\n").line()
+
+
 def test_a_namespace_target_adds_its_hint_to_a_404_only() -> None:
     target = Target("machine", "machines", "other", "demo", hint="hint: read as NAMESPACE/NAME")
     assert api.refusal(404, b"", target=target).line().endswith("\nhint: read as NAMESPACE/NAME")
