@@ -15,6 +15,7 @@ import os
 import pty
 import signal
 import termios
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["ShellServer"]
@@ -111,9 +112,9 @@ async def _relay(master: int, reader: asyncio.StreamReader, writer: asyncio.Stre
     )
     tty_in = asyncio.StreamWriter(transport, protocol, None, loop)
     end_of_input = _EndOfInput(master, tty_in)
-    up = asyncio.create_task(_up(reader, tty_in, end_of_input))
+    up = asyncio.create_task(_copy(reader, tty_in, at_end=end_of_input.client_closed))
     try:
-        await _down(tty_out, writer, end_of_input)
+        await _copy(tty_out, writer, each=end_of_input.output_seen)
     finally:
         up.cancel()
         await asyncio.wait([up])
@@ -164,26 +165,26 @@ class _EndOfInput:
             return True
 
 
-async def _up(
-    reader: asyncio.StreamReader, tty_in: asyncio.StreamWriter, end_of_input: _EndOfInput
-) -> None:
-    with contextlib.suppress(OSError):
-        while data := await reader.read(65536):
-            tty_in.write(data)
-            await tty_in.drain()
-        end_of_input.client_closed()
-        await tty_in.drain()
+def _nothing() -> None:
+    pass
 
 
-async def _down(
-    tty_out: asyncio.StreamReader, writer: asyncio.StreamWriter, end_of_input: _EndOfInput
+async def _copy(
+    src: asyncio.StreamReader,
+    dst: asyncio.StreamWriter,
+    *,
+    each: Callable[[], None] = _nothing,
+    at_end: Callable[[], None] = _nothing,
 ) -> None:
-    """Copy the shell's output until it exits (its PTY then reads as EIO)."""
+    """Copy until EOF (a PTY whose shell exited reads as EIO); `each` after every chunk
+    written, `at_end` once the source ended."""
     with contextlib.suppress(OSError):
-        while data := await tty_out.read(65536):
-            writer.write(data)
-            end_of_input.output_seen()
-            await writer.drain()
+        while data := await src.read(65536):
+            dst.write(data)
+            each()
+            await dst.drain()
+        at_end()
+        await dst.drain()
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:

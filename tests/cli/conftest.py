@@ -105,6 +105,19 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
+def running(argv: Sequence[str], *, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """`argv` with stdout and stderr piped; stopped, and its pipes closed, afterwards."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        yield proc
+    finally:
+        stop(proc)
+        for pipe in (proc.stdout, proc.stderr):
+            assert pipe is not None
+            pipe.close()
+
+
+@contextlib.contextmanager
 def running_demo(*args: str, shell: str = "/bin/sh") -> Iterator[Demo]:
     """`subres demo ARGS` on a free port with `shell` as the machine's console."""
     with tempfile.TemporaryDirectory(prefix="subres-demo-") as tmp:

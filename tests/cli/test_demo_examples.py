@@ -20,7 +20,7 @@ from pathlib import Path
 import pexpect  # type: ignore[import-untyped]
 import pytest
 
-from tests.cli.conftest import CLI_TIMEOUT, Demo, cli_env, read_until, running_demo, stop
+from tests.cli.conftest import CLI_TIMEOUT, Demo, cli_env, read_until, running, running_demo
 
 SHELLS = ("/bin/bash", "/bin/sh")
 EXPECT_TIMEOUT = 20
@@ -95,42 +95,21 @@ def test_the_port_forward_example_reaches_the_machines_page(
     line = tried(shell_demo, "port-forward")
     assert re.search(r" port-forward demo 8080:\d+$", line), line
     # 8080 may be taken on a shared machine: any free local port instead.
-    proc = subprocess.Popen(
-        ["sh", "-c", "exec " + line.replace(" 8080:", " 0:")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_env(workdir),
-    )
-    try:
+    forward = ["sh", "-c", "exec " + line.replace(" 8080:", " 0:")]
+    with running(forward, env=_env(workdir)) as proc:
         local = read_until(proc, rb"Forwarding from 127\.0\.0\.1:(\d+) ", timeout=CLI_TIMEOUT)
         url = f"http://localhost:{int(local.group(1))}/"
         with urllib.request.urlopen(url, timeout=CLI_TIMEOUT) as answer:
             assert b"Hello from the demo machine" in answer.read()
-    finally:
-        stop(proc)
-        for pipe in (proc.stdout, proc.stderr):
-            assert pipe is not None
-            pipe.close()
 
 
 def test_the_web_example_serves_the_page(shell_demo: Demo, workdir: Path) -> None:
     line = tried(shell_demo, "web")
-    proc = subprocess.Popen(
-        ["sh", "-c", f"exec {line} --port 0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_env(workdir),
-    )
-    try:
+    with running(["sh", "-c", f"exec {line} --port 0"], env=_env(workdir)) as proc:
         page = read_until(proc, rb"at (http://127\.0\.0\.1:\d+/ui/\S*)", timeout=CLI_TIMEOUT)
         assert page.group(1).endswith(b"?machine=default/demo")
         with urllib.request.urlopen(page.group(1).decode(), timeout=CLI_TIMEOUT) as answer:
             assert b"<html" in answer.read()
-    finally:
-        stop(proc)
-        for pipe in (proc.stdout, proc.stderr):
-            assert pipe is not None
-            pipe.close()
 
 
 def test_the_screenshot_and_vnc_examples(shell_demo: Demo, workdir: Path) -> None:
