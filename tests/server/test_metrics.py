@@ -9,7 +9,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from websockets.asyncio.client import connect
 
 from subres.server import certs
 from subres.server.metrics import request_kind
@@ -69,7 +68,7 @@ async def test_every_answer_is_counted_by_kind_and_code(
     )
     assert await _get(s, f"/apis/{GROUP_VERSION}", {"Authorization": "Bearer wrong"}) == 401
     assert await _get(s, "/no/such/path", s.auth) == 404
-    async with connect(s.url("vm"), ssl=s.client_ssl, additional_headers=s.auth) as ws:
+    async with s.websocket(s.url("vm")) as ws:
         await ws.send(b"ping")
     after = await scrape(s.base, s.client_ssl, s.auth)
 
