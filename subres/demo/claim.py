@@ -53,6 +53,8 @@ def claim(state_dir: Path) -> Iterator[Claim]:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
             raise DemoRunning(_refusal(state_dir, os.pread(fd, 4096, 0))) from None
+        # A note left by a demo that died is not ours to quote while we start.
+        os.ftruncate(fd, 0)
         yield Claim(fd)
     finally:
         os.close(fd)
