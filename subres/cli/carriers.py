@@ -15,6 +15,7 @@ import hashlib
 import os
 import ssl
 from collections.abc import Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from websockets.frames import CloseCode, Frame, Opcode
@@ -25,7 +26,7 @@ from websockets.protocol import State as WebSocketState
 from subres.engine.spdy import FLUSH_TIMEOUT
 from subres.protocol import httpstream
 
-__all__ = ["SocketCarrier", "UpgradeRefused", "WebSocketCarrier", "tunnel", "upgrade"]
+__all__ = ["Peer", "SocketCarrier", "UpgradeRefused", "WebSocketCarrier", "tunnel", "upgrade"]
 
 READ_SIZE = 256 * 1024
 MAX_HEAD = 64 * 1024
@@ -118,15 +119,18 @@ class UpgradeRefused(Exception):
         self.body = body
 
 
-async def upgrade(
-    url: str,
-    *,
-    protocol: str,
-    headers: Mapping[str, str],
-    tls: ssl.SSLContext | None,
-    server_hostname: str | None,
-) -> SocketCarrier:
-    """POST a SPDY/3.1 upgrade offering `protocol` to `url`; the connection after the `101`.
+@dataclass(frozen=True)
+class Peer:
+    """Where the upgrade goes and how: the URL, the caller's headers (credentials), TLS."""
+
+    url: str
+    headers: Mapping[str, str]
+    tls: ssl.SSLContext | None
+    server_hostname: str | None
+
+
+async def upgrade(peer: Peer, *, protocol: str) -> SocketCarrier:
+    """POST a SPDY/3.1 upgrade offering `protocol`; the connection after the `101`.
 
     Raises `UpgradeRefused` for any other answer, OSError when unreachable.
     """
@@ -136,24 +140,15 @@ async def upgrade(
         httpstream.VERSION_HEADER: protocol,
         "Content-Length": "0",
     }
-    socket, answer = await _upgrade(
-        "POST", url, {**request, **headers}, tls=tls, server_hostname=server_hostname
-    )
+    socket, answer = await _upgrade("POST", peer, request)
     if answer.get(httpstream.VERSION_HEADER.lower()) != protocol:
         await socket.close()
         raise UpgradeRefused(101, b"the server chose no stream protocol we offered")
     return socket
 
 
-async def tunnel(
-    url: str,
-    *,
-    subprotocol: str,
-    headers: Mapping[str, str],
-    tls: ssl.SSLContext | None,
-    server_hostname: str | None,
-) -> WebSocketCarrier:
-    """A WebSocket to `url` speaking `subprotocol`, as a carrier; errors as for `upgrade`."""
+async def tunnel(peer: Peer, *, subprotocol: str) -> WebSocketCarrier:
+    """A WebSocket speaking `subprotocol`, as a carrier; errors as for `upgrade`."""
     key = base64.b64encode(os.urandom(16)).decode()
     request = {
         "Connection": "Upgrade",
@@ -162,9 +157,7 @@ async def tunnel(
         "Sec-WebSocket-Key": key,
         "Sec-WebSocket-Protocol": subprotocol,
     }
-    socket, answer = await _upgrade(
-        "GET", url, {**request, **headers}, tls=tls, server_hostname=server_hostname
-    )
+    socket, answer = await _upgrade("GET", peer, request)
     accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode()
     if answer.get("sec-websocket-accept") != accept:
         await socket.close()
@@ -176,28 +169,23 @@ async def tunnel(
 
 
 async def _upgrade(
-    method: str,
-    url: str,
-    headers: Mapping[str, str],
-    *,
-    tls: ssl.SSLContext | None,
-    server_hostname: str | None,
+    method: str, peer: Peer, request: Mapping[str, str]
 ) -> tuple[SocketCarrier, dict[str, str]]:
     """Send an upgrade request; the connection after a `101` and the answer's headers."""
-    parts = urlsplit(url)
+    parts = urlsplit(peer.url)
     secure = parts.scheme == "https"
     reader, writer = await asyncio.open_connection(
         parts.hostname,
         parts.port or (443 if secure else 80),
-        ssl=tls if secure else None,
-        server_hostname=server_hostname if secure and server_hostname else None,
+        ssl=peer.tls if secure else None,
+        server_hostname=peer.server_hostname if secure and peer.server_hostname else None,
         limit=MAX_HEAD,
     )
     socket = SocketCarrier(reader, writer)
     try:
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines += [f"{name}: {value}" for name, value in {**request, **peer.headers}.items()]
         await socket.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         status, answer = _parse_head(await _head(reader))
         if status != 101:

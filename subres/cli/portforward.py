@@ -340,28 +340,18 @@ class SpdyTransport:
             raise api.unreachable(self._config, exc) from None
 
     async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
-        c = self._config
-        return await carriers.upgrade(
-            url,
-            protocol=pairs.PROTOCOL,
-            headers=headers,
-            tls=c.ssl,
-            server_hostname=c.server_hostname,
-        )
+        return await carriers.upgrade(self._peer(url, headers), protocol=pairs.PROTOCOL)
+
+    def _peer(self, url: str, headers: Mapping[str, str]) -> carriers.Peer:
+        config = self._config
+        return carriers.Peer(url, headers, config.ssl, config.server_hostname)
 
 
 class TunnelTransport(SpdyTransport):
     """The same stream pairs, the SPDY bytes in one WebSocket (`SPDY/3.1+portforward.k8s.io`)."""
 
     async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
-        c = self._config
-        return await carriers.tunnel(
-            url,
-            subprotocol=pairs.TUNNEL_PROTOCOL,
-            headers=headers,
-            tls=c.ssl,
-            server_hostname=c.server_hostname,
-        )
+        return await carriers.tunnel(self._peer(url, headers), subprotocol=pairs.TUNNEL_PROTOCOL)
 
 
 TRANSPORTS: dict[str, type[WebSocketTransport | SpdyTransport]] = {
