@@ -142,7 +142,13 @@ class Standalone:
 
     def url(self, name: str, sub: str = "console", *, scheme: str = "wss") -> str:
         """A subresource URL of machine `default/name`."""
-        path = f"/apis/{GROUP_VERSION}/namespaces/default/machines/{name}/{sub}"
+        return self.api_url(f"machines/{name}/{sub}", scheme=scheme)
+
+    def api_url(self, path: str, *, scheme: str = "wss") -> str:
+        """`…/namespaces/default/{path}` in the served group-version, or a full `/apis` path."""
+        cfg = self.server.state.config
+        if not path.startswith("/"):
+            path = f"/apis/{cfg.group}/{cfg.version}/namespaces/default/{path}"
         return f"{scheme}://127.0.0.1:{self.server.port}{path}"
 
     def websocket(self, url: str, *protocols: str, close_timeout: float = 10) -> connect:
@@ -201,18 +207,26 @@ class Standalone:
 
 @contextlib.asynccontextmanager
 async def start_standalone(
-    tmp: Path, *objects: dict[str, Any], session: dict[str, Any] | None = None
+    tmp: Path,
+    *objects: dict[str, Any],
+    session: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> AsyncIterator[Standalone]:
-    """Start a standalone server with `objects`; stop it afterwards."""
+    """Start a standalone server with `objects`; stop it afterwards.
+
+    `config` replaces top-level keys of the test configuration (loopback and `tmp`
+    allowed, a 2 s connect timeout), e.g. `group`, `version` and `parents` of a profile.
+    """
     token = "test-token-" + os.urandom(8).hex()
     (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
     client_ca = certs.generate_ca("test-client-ca")
     client_ca.write(tmp / "client-ca.crt", tmp / "client-ca.key")
-    config = {
+    settings = {
         "endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(tmp)]},
         "session": {"connectTimeout": 2, **(session or {})},
+        **(config or {}),
     }
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(settings))
     machines = tmp / "machines.yaml"
     machines.write_text(yaml.safe_dump_all(list(objects)))
     options = Options(

@@ -14,11 +14,12 @@ from typing import Any
 
 from aiohttp import web
 
+from subres import fields
 from subres.backends import datagram
 from subres.backends import endpoint as endpoints
 from subres.backends import stream as sockets
 from subres.backends.stream import BackendUnavailable, ByteStream
-from subres.config import ParentSpec, SubresourceSpec, field_value
+from subres.config import ANY_PORT, ParentSpec, Requirement, SubresourceSpec, field_value
 from subres.kube.status import StatusError
 from subres.server.state import State
 
@@ -56,6 +57,16 @@ def resolve(state: State, request: web.Request, subresource: str) -> Target:
     spec = parent.subresources.get(subresource) if parent else None
     if parent is None or spec is None:
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
+    obj = _cached(state, parent, namespace, name)
+    if parent.instance is not None:
+        _check(parent.instance.requires, obj, f"{parent.kind} {namespace}/{name}")
+        obj = _instance(state, parent, obj)
+    target = Target(parent, spec, namespace, name, obj)
+    _check(spec.requires, obj, target.describe())
+    return target
+
+
+def _cached(state: State, parent: ParentSpec, namespace: str, name: str) -> Mapping[str, Any]:
     cache = state.caches[parent.resource]
     if not cache.synced:
         raise StatusError(503, f"{parent.resource} are not loaded yet; try again shortly")
@@ -66,26 +77,48 @@ def resolve(state: State, request: web.Request, subresource: str) -> Target:
             f'{parent.resource}.{parent.group} "{name}" not found in namespace "{namespace}"',
             details={"name": name, "group": parent.group, "kind": parent.resource},
         )
-    target = Target(parent, spec, namespace, name, obj)
-    _check_state(target)
-    return target
+    return obj
 
 
-def _check_state(target: Target) -> None:
-    for rule in target.spec.requires:
-        value = field_value(target.obj, rule.path)
-        if value not in rule.values:
-            shown = "unset" if value is None else f'"{value}"'
-            wanted = " or ".join(rule.values)
-            raise StatusError(
-                409,
-                f"{target.describe()} is not {wanted}: {rule.path} is {shown}",
-            )
+def _instance(state: State, parent: ParentSpec, owner: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The same-named object of `parent.instance.resource`, which `owner` must own."""
+    assert parent.instance is not None
+    kind = state.config.parent(parent.instance.resource)
+    assert kind is not None  # the config loader checked it names a parent
+    meta = owner.get("metadata") or {}
+    namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+    instance = _cached(state, kind, namespace, name)
+    uid = meta.get("uid")
+    owners = (instance.get("metadata") or {}).get("ownerReferences") or []
+    if uid and not any(isinstance(o, Mapping) and o.get("uid") == uid for o in owners):
+        raise StatusError(
+            409,
+            f"{kind.kind} {namespace}/{name} is not owned by {parent.kind} {namespace}/{name}",
+        )
+    return instance
+
+
+def _check(rules: tuple[Requirement, ...], obj: Mapping[str, Any], described: str) -> None:
+    for rule in rules:
+        value = field_value(obj, rule.path)
+        if rule.holds(value):
+            continue
+        if rule.message:
+            raise StatusError(rule.code, f"{described}: {rule.message}")
+        shown = "unset" if value is None else f'"{value}"'
+        wanted = " or ".join(map(str, rule.values))
+        verdict = f"is {wanted}" if rule.negate else f"is not {wanted}"
+        raise StatusError(rule.code, f"{described} {verdict}: {rule.path} is {shown}")
 
 
 def endpoint_url(target: Target) -> str:
     """The backend URL the parent names for its subresource (400 when it has none)."""
-    url = field_value(target.obj, target.spec.endpoint)
+    try:
+        url = fields.read(target.spec.endpoint, target.obj)
+    except fields.FieldError as exc:
+        raise StatusError(
+            400, f"{target.describe()} has no usable {target.spec.name} endpoint: {exc}"
+        ) from None
     if not isinstance(url, str) or not url:
         raise StatusError(
             400, f"{target.describe()} has no {target.spec.name} ({target.spec.endpoint} is empty)"
@@ -99,17 +132,31 @@ def forward_url(target: Target, port: int, protocol: str = "tcp") -> str:
     The endpoint policy vets this URL for udp too: it is about the address.
     """
     address = field_value(target.obj, target.spec.address)
-    allowed = field_value(target.obj, target.spec.ports) or []
-    if not isinstance(address, str) or not address:
+    if address is None or address == "":
         raise StatusError(
             400, f"{target.describe()} has no port-forward address ({target.spec.address})"
         )
-    if not isinstance(allowed, list) or port not in allowed:
+    try:
+        host = fields.substitute(target.spec.address, address)
+    except fields.FieldError as exc:
+        raise StatusError(400, f"{target.describe()}: {exc}") from None
+    if not _port_allowed(target, port):
         raise StatusError(
             403, f"{target.describe()} does not allow forwarding to {protocol} port {port}"
         )
-    host = f"[{address}]" if ":" in address else address
     return f"tcp://{host}:{port}"
+
+
+def _port_allowed(target: Target, port: int) -> bool:
+    if target.spec.ports == ANY_PORT:
+        return True
+    try:
+        allowed = fields.ports(field_value(target.obj, target.spec.ports))
+    except fields.FieldError as exc:
+        raise StatusError(
+            400, f"{target.describe()}: {target.spec.ports} is not a port list: {exc}"
+        ) from None
+    return allowed is not None and port in allowed
 
 
 async def vet(state: State, target: Target, url: str) -> endpoints.Target:
