@@ -63,6 +63,7 @@ def build(state: State) -> web.Application:
         ("GET", "/apis", apis),
         ("GET", f"/apis/{group}", api_group),
         ("GET", f"/apis/{group}/{version}", api_resources),
+        ("GET", f"/apis/{group}/{version}/version", server_version),
         ("GET", "/openapi/v2", openapi_v2),
         ("GET", "/openapi/v3", openapi_v3_index),
         ("GET", f"/openapi/v3/apis/{group}/{version}", openapi_v3),
@@ -71,6 +72,8 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/console", console.handle),
         ("GET", f"{sub}/vnc", vnc.handle),
         ("GET", f"{sub}/screenshot", screenshot.handle),
+        # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.
+        ("GET", f"{sub}/vnc/screenshot", screenshot.handle),
         ("GET", f"{sub}/portforward", portforward.handle),
         ("POST", f"{sub}/portforward", portforward.handle),
         ("GET", f"{sub}/portforward/{{port}}", portforward.handle_port),
@@ -137,6 +140,11 @@ async def api_group(state: State, request: web.Request) -> web.Response:
 async def api_resources(state: State, request: web.Request) -> web.Response:
     """`/apis/{group}/{version}`: APIResourceList (also kube-aggregator's availability probe)."""
     return _json(state.discovery.resource_list)
+
+
+async def server_version(state: State, request: web.Request) -> web.Response:
+    """`/apis/{group}/{version}/version`: what `virtctl version` and its error path read."""
+    return _json(state.discovery.version)
 
 
 async def openapi_v2(state: State, request: web.Request) -> web.Response:

@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service", default="subres", help="Service name")
     parser.add_argument("--namespace", default="subres-system", help="Service namespace")
     parser.add_argument("--out", type=Path, required=True, help="directory to write into")
+    parser.add_argument(
+        "--apiservice",
+        default=APISERVICE,
+        help="APIService the caBundle patch names (KubeVirt profile: v1.subresources.kubevirt.io)",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -44,7 +49,7 @@ def run(ns: argparse.Namespace) -> int:
     ca.write(out / "ca.crt", out / "ca.key")
     serving.write(out / "tls.crt", out / "tls.key")
     (out / "secret.yaml").write_text(yaml.safe_dump(_secret(serving, ca, ns.namespace)))
-    (out / "apiservice-cabundle.yaml").write_text(yaml.safe_dump(_patch(ca)))
+    (out / "apiservice-cabundle.yaml").write_text(yaml.safe_dump(_patch(ca, ns.apiservice)))
     print(f"wrote {out}/{{ca.crt,tls.crt,tls.key,secret.yaml,apiservice-cabundle.yaml}}")
     return 0
 
@@ -66,10 +71,10 @@ def _secret(serving: certs.KeyPair, ca: certs.KeyPair, namespace: str) -> dict[s
     }
 
 
-def _patch(ca: certs.KeyPair) -> dict[str, object]:
+def _patch(ca: certs.KeyPair, apiservice: str) -> dict[str, object]:
     return {
         "apiVersion": "apiregistration.k8s.io/v1",
         "kind": "APIService",
-        "metadata": {"name": APISERVICE},
+        "metadata": {"name": apiservice},
         "spec": {"caBundle": _b64(ca.cert_pem()), "insecureSkipTLSVerify": False},
     }
