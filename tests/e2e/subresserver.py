@@ -47,6 +47,7 @@ __all__ = [
     "SERVER_NAME",
     "SERVICE",
     "VERSION",
+    "Profile",
     "Subres",
     "launch",
     "shutdown",
@@ -71,6 +72,22 @@ AVAILABLE_TIMEOUT_S = 45.0
 with a growing delay and re-checks every APIService every 30 s at the latest."""
 
 
+@dataclass(frozen=True)
+class Profile:
+    """What to deploy: ``deploy/`` as it is, or an overlay of it such as examples/kubevirt."""
+
+    base: Path = DEPLOY
+    """The kustomization directory applied (with this module's patches on top)."""
+    apiservice: str = APISERVICE
+    """The APIService it registers."""
+    crds: tuple[str, ...] = ("machines.subres.dev",)
+    """CRDs to wait for before starting subres."""
+    resources: tuple[Path, ...] = ()
+    """Further manifests to apply with it (CRDs of a cluster without the real operator)."""
+    config: Path | None = None
+    """``--config`` of the local process (the overlay's ConfigMap would need a kubelet)."""
+
+
 @dataclass
 class Subres:
     """A running ``subres serve`` registered with the control plane."""
@@ -85,6 +102,8 @@ class Subres:
     """CA of the serving certificate (the APIService's caBundle)."""
     process: Process
     """The ``python -m subres serve`` child."""
+    apiservice: str = APISERVICE
+    """The APIService it is registered by."""
 
     @property
     def url(self) -> str:
@@ -129,13 +148,13 @@ class Subres:
     async def wait_available(self, timeout_s: float = AVAILABLE_TIMEOUT_S) -> None:
         """Wait until the APIService is ``Available=True``; raise with the logs otherwise."""
         try:
-            await wait_apiservice_available(self.plane, APISERVICE, timeout_s=timeout_s)
+            await wait_apiservice_available(self.plane, self.apiservice, timeout_s=timeout_s)
         except ControlPlaneError as exc:
             raise self.failure(str(exc)) from None
 
     async def available_status(self) -> str | None:
         """The APIService's ``Available`` condition status (``"True"``, ``"False"``…)."""
-        condition = await apiservice_condition(self.plane, APISERVICE)
+        condition = await apiservice_condition(self.plane, self.apiservice)
         return None if condition is None else str(condition.get("status"))
 
     async def start(self) -> None:
@@ -156,8 +175,8 @@ class Subres:
         return f"{self.process.tail()}\n{self.plane.logs()}"
 
 
-async def launch(plane: ControlPlane) -> Subres:
-    """Deploy ``deploy/`` (see the module docstring), start subres, wait for Available.
+async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
+    """Deploy ``profile`` (see the module docstring), start subres, wait for Available.
 
     The caller must ``shutdown()`` the result.
     """
@@ -165,26 +184,27 @@ async def launch(plane: ControlPlane) -> Subres:
     try:
         [port] = free_ports(1)
         overlay = workdir / "overlay"
-        await _subres_certs(overlay / "certs")
-        _write_kustomization(overlay, port)
+        await _subres_certs(overlay / "certs", profile.apiservice)
+        _write_kustomization(overlay, port, profile)
         (await plane.kubectl("apply", "--server-side", "-k", str(overlay))).check()
-        (
-            await plane.kubectl(
-                "wait", "--for=condition=Established", "crd/machines.subres.dev", "--timeout=30s"
-            )
-        ).check()
+        for crd in profile.crds:
+            (
+                await plane.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s"
+                )
+            ).check()
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
+        args = _serve_args(overlay / "certs", workdir / "cert-dir", kubeconfig, port)
+        if profile.config is not None:
+            args.append(f"--config={profile.config}")
         server = Subres(
             plane=plane,
             workdir=workdir,
             port=port,
             ca=overlay / "certs" / "ca.crt",
-            process=Process(
-                name="subres",
-                args=_serve_args(overlay / "certs", workdir / "cert-dir", kubeconfig, port),
-                log=workdir / "subres.log",
-            ),
+            process=Process(name="subres", args=args, log=workdir / "subres.log"),
+            apiservice=profile.apiservice,
         )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -203,7 +223,7 @@ async def shutdown(server: Subres) -> None:
     try:
         await server.stop()
         await server.plane.api(
-            "DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}"
+            "DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{server.apiservice}"
         )
     finally:
         shutil.rmtree(server.workdir, ignore_errors=True)
@@ -226,12 +246,14 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
     ]
 
 
-def _write_kustomization(overlay: Path, port: int) -> None:
-    """A kustomization over ``deploy/`` for a server on this machine (certificates in place)."""
+def _write_kustomization(overlay: Path, port: int, profile: Profile) -> None:
+    """A kustomization over the profile for a server on this machine (certificates in place)."""
+    for path in profile.resources:  # kustomize loads files from under the overlay only
+        shutil.copy(path, overlay / path.name)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(DEPLOY, overlay)],
+        "resources": [os.path.relpath(profile.base, overlay), *(p.name for p in profile.resources)],
         "patches": [
             # `subres certs` output, as deploy/kustomization.yaml tells operators to use it.
             {"path": "certs/apiservice-cabundle.yaml"},
@@ -256,7 +278,7 @@ def _write_kustomization(overlay: Path, port: int) -> None:
                     {
                         "apiVersion": "apiregistration.k8s.io/v1",
                         "kind": "APIService",
-                        "metadata": {"name": APISERVICE},
+                        "metadata": {"name": profile.apiservice},
                         "spec": {"service": {"port": port}},
                     }
                 )
@@ -266,11 +288,11 @@ def _write_kustomization(overlay: Path, port: int) -> None:
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
 
 
-async def _subres_certs(out: Path) -> None:
+async def _subres_certs(out: Path, apiservice: str) -> None:
     """Run the real ``subres certs --out`` verb (bounded)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "subres", "certs", f"--service={SERVICE}",
-        f"--namespace={NAMESPACE}", f"--out={out}",
+        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -12,85 +12,27 @@ import hashlib
 import io
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 import websockets
-import yaml
 from PIL import Image
 from websockets.asyncio.client import connect
 
 from subres.demo.vnc import VncServer
+from tests.kubevirt import profile, short_dir, vm, vmi
 from tests.support import Backend, Standalone, start_standalone
 
-REPO = Path(__file__).resolve().parents[2]
-PROFILE = REPO / "examples" / "kubevirt" / "config.yaml"
-SOCKETS = "/var/run/kubevirt-private"
 PLAIN = [websockets.Subprotocol("plain.kubevirt.io")]
-
-
-def profile(sockets: Path) -> dict[str, Any]:
-    """The shipped profile with its socket directory moved to `sockets`."""
-    text = PROFILE.read_text()
-    assert text.count(f"unix://{SOCKETS}/") == 3  # console, vnc, screenshot
-    doc: dict[str, Any] = yaml.safe_load(text.replace(SOCKETS, str(sockets)))
-    del doc["endpointPolicy"]  # the test's: loopback and the socket directory
-    return doc
-
-
-def vmi(
-    name: str,
-    uid: str,
-    *,
-    phase: str = "Running",
-    interfaces: list[dict[str, str]] | None = None,
-    conditions: list[dict[str, str]] | None = None,
-    devices: dict[str, bool] | None = None,
-    owner: str | None = None,
-) -> dict[str, Any]:
-    """A VirtualMachineInstance as KubeVirt writes one (the fields the profile reads)."""
-    meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": uid}
-    if owner is not None:
-        meta["ownerReferences"] = [
-            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": name, "uid": owner}
-        ]
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": meta,
-        "spec": {"domain": {"devices": devices or {}}},
-        "status": {
-            "phase": phase,
-            "interfaces": [{"ipAddress": "127.0.0.1", "name": "default"}]
-            if interfaces is None
-            else interfaces,
-            "conditions": conditions or [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-def vm(name: str, uid: str, *, created: bool = True) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": "default", "uid": uid},
-        "spec": {"runStrategy": "Always"},
-        "status": {"created": created, "ready": created},
-    }
 
 
 @pytest.fixture
 def sockets() -> Iterator[Path]:
-    """A short directory: `{uid}/virt-serial0` under pytest's tmp_path would pass 108 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="kv-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir() as path:
+        yield path
 
 
 @dataclass
