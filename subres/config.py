@@ -28,6 +28,7 @@ __all__ = [
     "Requirement",
     "Scalar",
     "SessionSpec",
+    "SshSpec",
     "SubresourceSpec",
     "field_value",
     "load",
@@ -69,6 +70,22 @@ class Requirement:
 
 
 @dataclass(frozen=True)
+class SshSpec:
+    """How a subresource logs in to an SSH server: `ssh://` endpoints, or a jump host."""
+
+    credentials: str = ""
+    """Field path of the name of the Secret (in the parent's namespace) with the credentials."""
+    host_key: str = ""
+    """Field path of a pinned host key fingerprint (`SHA256:…`), used without known_hosts."""
+    command: str = ""
+    """console: run this, not a login shell (`console 1`, `virsh console {.metadata.name}`)."""
+    term: str = "xterm-256color"
+    """console: TERM of the PTY."""
+    via: str = ""
+    """portforward: the `ssh://` jump host (field path or template) the targets are dialed from."""
+
+
+@dataclass(frozen=True)
 class SubresourceSpec:
     """How one subresource finds its backend in a parent object."""
 
@@ -84,6 +101,8 @@ class SubresourceSpec:
     """portforward: field path of the allowed ports, or `any`."""
     requires: tuple[Requirement, ...] = ()
     """State rules checked before dialing, in order; the first that fails answers."""
+    ssh: SshSpec | None = None
+    """SSH login for `ssh://` endpoints (and for portforward, the jump host)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +174,8 @@ class SessionSpec:
     """Seconds a VNC server has, once dialed, to deliver a screenshot before 504."""
     backend_write_timeout: float = 30.0
     """Seconds a write may wait on a backend that takes no byte before the session ends (1011)."""
+    ssh_idle_timeout: float = 60.0
+    """Seconds a shared SSH connection stays open after its last session ended."""
 
 
 @dataclass(frozen=True)
@@ -269,7 +290,7 @@ def _instance(data: Any, what: str) -> InstanceSpec:
 
 
 def _subresource(name: str, data: Any) -> SubresourceSpec:
-    doc = _mapping(data, name, {"endpoint", "address", "ports", "require"})
+    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "ssh"})
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
@@ -282,6 +303,31 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         address=_path(doc.get("address"), f"{name}.address"),
         ports=ports if ports == ANY_PORT else _path(ports or None, f"{name}.ports"),
         requires=_requirements(doc.get("require", {}), f"{name}.require"),
+        ssh=_ssh(name, doc["ssh"]) if "ssh" in doc else None,
+    )
+
+
+def _ssh(name: str, data: Any) -> SshSpec:
+    what = f"{name}.ssh"
+    doc = _mapping(data, what, {"credentials", "hostKey", "command", "term", "via"})
+    if "credentials" not in doc:
+        raise ConfigError(f"{what} needs `credentials`: the field path of a Secret's name")
+    if "via" in doc and name != "portforward":
+        raise ConfigError(f"{what}.via is for portforward only")
+    if ("command" in doc or "term" in doc) and name != "console":
+        raise ConfigError(f"{what}: command and term are for console only")
+    command = _str(doc.get("command", ""), f"{what}.command")
+    if "{" in command or "}" in command:
+        try:
+            fields.template(command)
+        except fields.FieldError as exc:
+            raise ConfigError(f"{what}.command: {exc}") from None
+    return SshSpec(
+        credentials=_path(doc["credentials"], f"{what}.credentials"),
+        host_key=_path(doc.get("hostKey"), f"{what}.hostKey"),
+        command=command,
+        term=_str(doc.get("term", SshSpec.term), f"{what}.term"),
+        via=_source(doc.get("via"), f"{what}.via"),
     )
 
 
@@ -381,6 +427,7 @@ def _session(data: Any) -> SessionSpec:
         "maxMessage",
         "screenshotTimeout",
         "backendWriteTimeout",
+        "sshIdleTimeout",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -396,6 +443,9 @@ def _session(data: Any) -> SessionSpec:
         ),
         backend_write_timeout=_positive(
             doc.get("backendWriteTimeout", default.backend_write_timeout), "backendWriteTimeout"
+        ),
+        ssh_idle_timeout=_positive(
+            doc.get("sshIdleTimeout", default.ssh_idle_timeout), "sshIdleTimeout"
         ),
     )
 

@@ -93,6 +93,7 @@ def build(state: State) -> web.Application:
 
     async def on_shutdown(_: web.Application) -> None:
         await state.sessions.close_all("the server is shutting down")
+        await state.ssh.close()
 
     app.on_shutdown.append(on_shutdown)
     # Every answer, errors and upgrades included, as its headers go out.

@@ -25,6 +25,7 @@ from subres.auth.cafile import CAFile
 from subres.auth.tokenfile import TokenFile
 from subres.kube.cache import ParentCache
 from subres.kube.informer import InformerSettings
+from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
 from subres.server import certs, cluster
@@ -140,7 +141,8 @@ def complete(options: Options) -> Server:
     caches = {p.resource: ParentCache(p.resource) for p in config.parents}
     if options.standalone is None:
         raise ValueError("--standalone FILE is required; use complete_cluster without it")
-    source = FileSource(options.standalone, caches, config.parents)
+    secrets = ParentCache("secrets")
+    source = FileSource(options.standalone, caches, config.parents, secrets=secrets)
     source.reload_if_changed()
     authenticator = Authenticator(
         tokens=TokenFile(options.token_auth_file) if options.token_auth_file else None,
@@ -152,6 +154,7 @@ def complete(options: Options) -> Server:
         authenticator=authenticator,
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
         tls_ready=tls.ready,
+        secrets=CachedSecrets(secrets),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 
@@ -177,6 +180,7 @@ async def complete_cluster(
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
         readiness={"authentication-config": lambda: parts.auth.ready},
+        secrets=ApiSecrets(parts.apis[0]),
     )
     state.metrics.watch_caches(
         {

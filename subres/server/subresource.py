@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from subres import fields
-from subres.backends import datagram
+from subres.backends import datagram, ssh
 from subres.backends import endpoint as endpoints
 from subres.backends import stream as sockets
 from subres.backends.stream import BackendUnavailable, ByteStream
@@ -24,6 +24,7 @@ from subres.kube.status import StatusError
 from subres.server.state import State
 
 __all__ = [
+    "Route",
     "Target",
     "connect",
     "dial",
@@ -159,32 +160,59 @@ def _port_allowed(target: Target, port: int) -> bool:
     return allowed is not None and port in allowed
 
 
-async def vet(state: State, target: Target, url: str) -> endpoints.Target:
-    """`url` parsed and checked by the endpoint policy (400/403/503 otherwise)."""
+@dataclass(frozen=True)
+class Route:
+    """Where to dial, vetted: the backend itself, or a TCP target behind an SSH jump host."""
+
+    backend: endpoints.Target
+    jump: endpoints.Target | None = None
+
+
+async def vet(state: State, target: Target, url: str) -> Route:
+    """`url` (and the SSH jump host a portforward names) checked by the endpoint policy."""
+    backend = await _vetted(state, target, url)
+    via = target.spec.ssh.via if target.spec.ssh is not None else ""
+    if not via:
+        return Route(backend)
+    try:
+        jump_url = fields.read(via, target.obj)
+    except fields.FieldError as exc:
+        raise StatusError(400, f"{target.describe()} has no usable SSH jump host: {exc}") from None
+    if not isinstance(jump_url, str) or not jump_url.startswith("ssh://"):
+        raise StatusError(400, f"{target.describe()}: {via} is not an ssh:// jump host")
+    return Route(backend, await _vetted(state, target, jump_url))
+
+
+async def _vetted(state: State, target: Target, url: str) -> endpoints.Target:
     try:
         return await endpoints.check(endpoints.parse(url), state.config.policy)
     except endpoints.EndpointError as exc:
         raise StatusError(exc.code, f"{target.describe()}: {exc}") from None
 
 
-async def dial(
-    state: State, target: Target, vetted: endpoints.Target, *, protocol: str = "tcp"
-) -> ByteStream:
-    """Connect to a vetted endpoint within the connect timeout (503 Status otherwise)."""
+async def dial(state: State, target: Target, route: Route, *, protocol: str = "tcp") -> ByteStream:
+    """Connect along a vetted route within the connect timeout (503, or the SSH error's code)."""
+    if route.jump is not None and (protocol != "tcp" or route.backend.endpoint.scheme != "tcp"):
+        raise StatusError(
+            400, f"{target.describe()}: only TCP can be forwarded through an SSH jump host"
+        )
     session = state.config.session
     started = time.monotonic()
     try:
+        if route.jump is not None or route.backend.endpoint.scheme == "ssh":
+            return await _over_ssh(state, target, route)
         if protocol == "udp":
-            return await datagram.dial(vetted)
+            return await datagram.dial(route.backend)
         return await sockets.dial(
-            vetted,
+            route.backend,
             connect_timeout=session.connect_timeout,
             read_size=session.read_size,
             write_timeout=session.backend_write_timeout,
         )
     except BackendUnavailable as exc:
+        code = exc.code if isinstance(exc, ssh.SshError) else 503
         message = f"{target.describe()}: {target.spec.name} unavailable: {exc}"
-        raise StatusError(503, message) from None
+        raise StatusError(code, message) from None
     finally:
         state.metrics.dial_seconds.labels(target.spec.name).observe(time.monotonic() - started)
 
@@ -192,3 +220,21 @@ async def dial(
 async def connect(state: State, target: Target, url: str, *, protocol: str = "tcp") -> ByteStream:
     """Vet `url` against the endpoint policy, then dial it: the one way to a backend."""
     return await dial(state, target, await vet(state, target, url), protocol=protocol)
+
+
+async def _over_ssh(state: State, target: Target, route: Route) -> ByteStream:
+    """A console on the SSH server `route.backend`, or a forward through `route.jump`."""
+    server = route.jump or route.backend
+    spec = target.spec.ssh
+    if spec is None:
+        raise ssh.SshError(400, f"{target.spec.name} has no `ssh` settings for {server.endpoint}")
+    creds, trust = await ssh.login(
+        state.secrets, spec, obj=target.obj, namespace=target.namespace, user=server.endpoint.user
+    )
+    if route.jump is not None:
+        return await state.ssh.forward(
+            route.jump, creds, trust, host=route.backend.address, port=route.backend.endpoint.port
+        )
+    return await state.ssh.console(
+        route.backend, creds, trust, term=spec.term, command=ssh.command(spec, target.obj)
+    )
