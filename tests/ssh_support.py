@@ -164,9 +164,14 @@ def _sshd_config(workdir: Path, k: Keys, *, port: int, user: str, options: str) 
 
 
 @contextlib.asynccontextmanager
-async def openssh(workdir: Path, *, options: str = "") -> AsyncIterator[OpenSsh]:
-    """sshd on a free loopback port; `options` are extra sshd_config lines."""
-    k, port, user = keys(), free_port(), getpass.getuser()
+async def openssh(
+    workdir: Path, *, options: str = "", with_keys: Keys | None = None, port: int = 0
+) -> AsyncIterator[OpenSsh]:
+    """sshd on loopback; `options` are extra sshd_config lines.
+
+    New keys and a free port unless given (a server restarted as the same host).
+    """
+    k, port, user = with_keys or keys(), port or free_port(), getpass.getuser()
     config = _sshd_config(workdir, k, port=port, user=user, options=options)
     log = workdir / "sshd.log"
     with log.open("wb") as out:

@@ -11,7 +11,7 @@ and keeps the command's exit status: `exit_code` is set when the server
 reports one, 128 + the signal number when the command was killed by a
 signal (as a shell reports it), and stays None when the server said neither.
 `failure` says why the channel ended if it did not end cleanly (the SSH
-connection was lost).
+connection was lost); `read` then raises `ConnectionResetError` with it.
 """
 
 from __future__ import annotations
@@ -100,8 +100,14 @@ class ChannelStream:
     # the pump's side ---------------------------------------------------------
 
     async def read(self) -> bytes:
-        """The next chunk; b"" once the server sent EOF or the channel closed."""
+        """The next chunk; b"" once the server sent EOF or the channel closed cleanly.
+
+        A lost connection raises `ConnectionResetError` saying so: the session
+        then ends as a backend failure (1011 with that reason), not as a clean end.
+        """
         while not self._chunks:
+            if self.failure:
+                raise ConnectionResetError(self.failure)
             if self._eof:
                 return b""
             self._readable.clear()
@@ -174,6 +180,8 @@ class ConsoleStream(ChannelStream, asyncssh.SSHClientSession[bytes]):
         data = await super().read()
         if not data:
             await self._closed.wait()
+            if self.failure:
+                raise ConnectionResetError(self.failure)
         return data
 
     def exit_status_received(self, status: int) -> None:
@@ -192,8 +200,8 @@ class ConsoleStream(ChannelStream, asyncssh.SSHClientSession[bytes]):
                 self._chan.write(EOT)
         await super().write_eof()
 
-    async def resize(self, size: TerminalSize) -> None:
-        """The client's terminal changed size: an SSH window-change request."""
+    def resize(self, size: TerminalSize) -> None:
+        """The client's terminal changed size: an SSH window-change request (sent, not awaited)."""
         chan = self._chan
         if chan is None or self._closed.is_set() or not size.width or not size.height:
             return

@@ -178,6 +178,8 @@ async def vet(state: State, target: Target, url: str) -> Route:
         jump_url = fields.read(via, target.obj)
     except fields.FieldError as exc:
         raise StatusError(400, f"{target.describe()} has no usable SSH jump host: {exc}") from None
+    if jump_url is None or jump_url == "":
+        return Route(backend)  # this parent names no jump host: the target is dialed directly
     if not isinstance(jump_url, str) or not jump_url.startswith("ssh://"):
         raise StatusError(400, f"{target.describe()}: {via} is not an ssh:// jump host")
     return Route(backend, await _vetted(state, target, jump_url))
