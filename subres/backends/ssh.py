@@ -59,6 +59,15 @@ DEFAULT_SIZE = TerminalSize(80, 24)
 """The PTY's size until the client says otherwise."""
 KEEPALIVE_COUNT = 3
 """Unanswered keepalives after which a silent server counts as dead."""
+CIPHERS = (
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "chacha20-poly1305@openssh.com",
+    "aes128-ctr",
+    "aes256-ctr",
+)
+"""AES-GCM first: one AES-NI call a packet, where asyncssh's default chacha20-poly1305
+costs subres about 1.6x the CPU per byte (tests/bench/bench_throughput.py, ssh-pf)."""
 
 S = TypeVar("S", bound=ChannelStream)
 
@@ -385,6 +394,7 @@ async def _connect(
         "login_timeout": timeout,
         "keepalive_interval": settings.keepalive_interval,
         "keepalive_count_max": KEEPALIVE_COUNT,
+        "encryption_algs": CIPHERS,
     }
     try:
         async with asyncio.timeout(timeout):

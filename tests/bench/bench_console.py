@@ -5,7 +5,9 @@ It prints markdown tables:
 
 1. Round-trip latency (p50/p99/mean, µs) of small messages through a TCP
    echo backend: directly over TCP, through subres with raw framing
-   (`plain.kubevirt.io`), and through subres with `v5.channel.k8s.io`.
+   (`plain.kubevirt.io`), and through subres with `v5.channel.k8s.io`; then
+   the same echo as an SSH console (`tests.bench.ssh_echo`, asyncssh): an SSH
+   client straight to it, and subres with its `ssh://` backend.
 2. Console sessions opened and closed per second (TLS handshake, upgrade,
    backend dial, close handshake), one at a time and with concurrency.
 3. Server memory per idle console session (RSS, PSS and anonymous memory of
@@ -40,6 +42,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import aiohttp
+import asyncssh
 import yaml
 
 from subres.server import certs
@@ -155,23 +158,58 @@ class Files:
         return self.root / "certs" / "ca.crt"
 
 
-def write_files(root: Path, machines: int, backend_port: int) -> Files:
-    """Certificates, token file, config and `machines` machines on one echo backend."""
+@dataclass(frozen=True)
+class SshEcho:
+    """The SSH echo server: where it listens, its host key, the password it takes."""
+
+    port: int
+    host_key: str
+    """Its public key, an OpenSSH line."""
+    password: str
+
+
+def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> Files:
+    """Certificates, token file, config, `machines` machines on one echo backend, and
+    machine `ssh` whose console is the SSH echo server (with the Secret it logs in with)."""
     certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
-    policy = {"schemes": ["tcp"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
-    (root / "config.yaml").write_text(yaml.safe_dump({"endpointPolicy": policy}))
-    endpoint = f"tcp://127.0.0.1:{backend_port}"
-    docs = (
-        {
+    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
+    console = {"endpoint": ".spec.console.endpoint", "ssh": {"credentials": ".spec.console.secret"}}
+    parent = {
+        "resource": "machines",
+        "kind": "Machine",
+        "source": {"group": "subres.dev", "version": "v1alpha1"},
+        "subresources": {"console": console},
+    }
+    (root / "config.yaml").write_text(
+        yaml.safe_dump({"endpointPolicy": policy, "parents": [parent]})
+    )
+
+    def machine(name: str, console: dict[str, str]) -> dict[str, object]:
+        return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
-            "metadata": {"name": f"m{i}", "namespace": "default"},
-            "spec": {"console": {"endpoint": endpoint}},
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"console": console},
             "status": {"phase": "Running"},
         }
-        for i in range(machines)
+
+    endpoint = f"tcp://127.0.0.1:{backend_port}"
+    docs = [machine(f"m{i}", {"endpoint": endpoint}) for i in range(machines)]
+    docs.append(
+        machine("ssh", {"endpoint": f"ssh://bench@127.0.0.1:{ssh.port}", "secret": "ssh-echo"})
+    )
+    docs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "ssh-echo", "namespace": "default"},
+            "stringData": {
+                "password": ssh.password,
+                "known_hosts": f"[127.0.0.1]:{ssh.port} {ssh.host_key}\n",
+            },
+        }
     )
     # CSafeDumper when available: 5,000 documents take seconds with the pure-Python one.
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -313,7 +351,26 @@ async def ws_roundtrips(
         return samples
 
 
-async def latency_table(server: Server, backend_port: int, settings: Settings) -> str:
+async def ssh_roundtrips(ssh: SshEcho, count: int, payload: bytes) -> list[int]:
+    """Round-trip times (ns) of an SSH console (asyncssh client, a PTY) to the echo server."""
+    known = asyncssh.import_known_hosts(f"[127.0.0.1]:{ssh.port} {ssh.host_key}\n")
+    async with asyncssh.connect(
+        "127.0.0.1", ssh.port, username="bench", password=ssh.password, known_hosts=known,
+        client_keys=None, agent_path=None, config=None,
+    ) as conn:  # fmt: skip
+        writer, reader, _ = await conn.open_session(term_type="xterm", encoding=None)
+        samples = []
+        for i in range(count + warmup(count)):
+            start = time.perf_counter_ns()
+            writer.write(payload)
+            await reader.readexactly(len(payload))
+            if i >= warmup(count):
+                samples.append(time.perf_counter_ns() - start)
+        writer.write_eof()
+        return samples
+
+
+async def latency_table(server: Server, backend_port: int, ssh: SshEcho, settings: Settings) -> str:
     """Table 1: echo round trips by path."""
     payload = os.urandom(settings.payload)
     n = settings.roundtrips
@@ -326,6 +383,11 @@ async def latency_table(server: Server, backend_port: int, settings: Settings) -
         (
             f"subres, WebSocket+TLS, `{V5}`",
             await ws_roundtrips(server.target, "m1", V5, n, payload),
+        ),
+        ("SSH client straight to the SSH echo server", await ssh_roundtrips(ssh, n, payload)),
+        (
+            f"subres, WebSocket+TLS, `{RAW}`, console on the SSH echo server (`ssh://`)",
+            await ws_roundtrips(server.target, "ssh", RAW, n, payload),
         ),
     ]
     lines = [
@@ -431,24 +493,30 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
     """Every phase asked for, inside the run's time budget."""
     emit(header(argv))
     with tempfile.TemporaryDirectory(prefix="subres-bench-") as tmp:
+        password = secrets.token_urlsafe(16)
         echo = await spawn("echo backend", "tests.bench.echo_backend")
+        ssh_echo = await spawn("SSH echo server", "tests.bench.ssh_echo", password)
         try:
             async with asyncio.timeout(10):
                 found = await echo.expect(r"port (\d+)")
+                ssh_port = int((await ssh_echo.expect(r"port (\d+)")).group(1))
+                host_key = (await ssh_echo.expect(r"hostkey (.+)")).group(1).strip()
             backend_port = int(found.group(1))
-            files = write_files(Path(tmp), settings.machines, backend_port)
+            ssh = SshEcho(ssh_port, host_key, password)
+            files = write_files(Path(tmp), settings.machines, backend_port, ssh)
             async with asyncio.timeout(settings.budget):
-                await run_phases(settings, files, backend_port)
+                await run_phases(settings, files, backend_port, ssh)
         finally:
+            await ssh_echo.stop()
             await echo.stop()
 
 
-async def run_phases(settings: Settings, files: Files, backend_port: int) -> None:
+async def run_phases(settings: Settings, files: Files, backend_port: int, ssh: SshEcho) -> None:
     """Latency and rate share one server; memory gets a fresh one with a clean heap."""
     if settings.phases & {"latency", "rate"}:
         async with running_server(files, "serve", settings) as server:
             if "latency" in settings.phases:
-                emit(await latency_table(server, backend_port, settings))
+                emit(await latency_table(server, backend_port, ssh, settings))
             if "rate" in settings.phases:
                 emit(await rate_table(server, settings))
     if "memory" in settings.phases:
