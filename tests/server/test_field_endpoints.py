@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import websockets
-from websockets.asyncio.client import connect
 
 from tests.support import Backend, Standalone, start_standalone
 
@@ -72,10 +71,7 @@ async def subres(
 
 
 async def upgrade(subres: Standalone, path: str) -> bytes:
-    async with connect(
-        subres.api_url(path), ssl=subres.client_ssl, additional_headers=subres.auth,
-        compression=None, open_timeout=10,
-    ) as ws:  # fmt: skip
+    async with subres.websocket(subres.api_url(path)) as ws:
         payload = os.urandom(1024)
         await ws.send(payload)
         got = b""
@@ -89,10 +85,7 @@ async def upgrade(subres: Standalone, path: str) -> bytes:
 
 async def refusal(subres: Standalone, path: str) -> tuple[int, bytes]:
     with pytest.raises(websockets.InvalidStatus) as info:
-        async with connect(
-            subres.api_url(path), ssl=subres.client_ssl, additional_headers=subres.auth,
-            open_timeout=10,
-        ):  # fmt: skip
+        async with subres.websocket(subres.api_url(path)):
             pass
     return info.value.response.status_code, bytes(info.value.response.body or b"")
 

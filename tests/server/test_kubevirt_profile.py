@@ -20,13 +20,12 @@ import aiohttp
 import pytest
 import websockets
 from PIL import Image
-from websockets.asyncio.client import connect
 
 from subres.demo.vnc import VncServer
 from tests.kubevirt import profile, short_dir, vm, vmi
 from tests.support import Backend, Standalone, start_standalone
 
-PLAIN = [websockets.Subprotocol("plain.kubevirt.io")]
+PLAIN = "plain.kubevirt.io"
 
 
 @pytest.fixture
@@ -97,13 +96,7 @@ async def http_get(subres: Standalone, path: str) -> tuple[int, str, bytes]:
 async def refused(subres: Standalone, path: str) -> tuple[int, str]:
     """A WebSocket upgrade that must be refused: its code and Status message."""
     with pytest.raises(websockets.InvalidStatus) as info:
-        async with connect(
-            subres.api_url(path),
-            ssl=subres.client_ssl,
-            additional_headers=subres.auth,
-            subprotocols=PLAIN,
-            open_timeout=10,
-        ):
+        async with subres.websocket(subres.api_url(path), PLAIN):
             pass
     response = info.value.response
     status = json.loads(response.body or b"{}")
@@ -112,11 +105,8 @@ async def refused(subres: Standalone, path: str) -> tuple[int, str]:
 
 
 async def echoes(subres: Standalone, path: str, payload: bytes) -> bytes:
-    async with connect(
-        subres.api_url(path), ssl=subres.client_ssl, additional_headers=subres.auth,
-        subprotocols=PLAIN, compression=None, max_size=None, open_timeout=10,
-    ) as ws:  # fmt: skip
-        assert ws.subprotocol == "plain.kubevirt.io"
+    async with subres.websocket(subres.api_url(path), PLAIN) as ws:
+        assert ws.subprotocol == PLAIN
         await ws.send(payload)
         got = b""
         while len(got) < len(payload):

@@ -127,15 +127,8 @@ async def setup(tmp_path: Path, backend: Backend) -> AsyncIterator[Setup]:
 
 
 def ws(subres: Standalone, path: str, *protocols: str) -> connect:
-    return connect(
-        subres.url(*path.split("/", 1)) if "/" in path else subres.url(path),
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
-        compression=None,
-        max_size=None,
-        open_timeout=10,
-    )
+    """A WebSocket to `machine[/subresource…]` (console when no subresource is named)."""
+    return subres.websocket(subres.url(*path.split("/", 1)), *protocols)
 
 
 async def stdout_until(conn: ClientConnection, pattern: bytes, *, framed: bool = True) -> bytes:
