@@ -26,6 +26,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.server.kubepeer import run_exec
 from tests.ssh_support import OpenSsh, keys, known_hosts_line, openssh, secret
 from tests.support import Backend, Standalone, start_standalone
 
@@ -169,6 +170,16 @@ async def test_v5_console_types_resizes_and_reports_the_exit_status(setup: Setup
         with pytest.raises(websockets.ConnectionClosed):
             await asyncio.wait_for(conn.recv(), STEP)
         assert conn.close_code == 1000
+
+
+@pytest.mark.parametrize("transport", ["spdy", "websocket"])
+async def test_client_go_exec_exits_with_the_ssh_commands_status(
+    setup: Setup, kubepeer_bin: Path, transport: str
+) -> None:
+    result = await run_exec(
+        kubepeer_bin, setup.subres, "shell", b"echo sub$((40+2))res; exit 5\r", transport=transport
+    )
+    assert result.code == 5 and b"sub42res" in result.stdout, result.stderr
 
 
 async def test_a_clean_exit_is_success(setup: Setup) -> None:
