@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ __all__ = [
     "GROUP_VERSION",
     "Backend",
     "Standalone",
+    "end_process",
     "machine",
     "open_fds",
     "start_standalone",
@@ -164,6 +166,17 @@ class Standalone:
             close_timeout=close_timeout,
         )
 
+    async def echoed(self, url: str, payload: bytes, *protocols: str) -> bytes:
+        """Send `payload` on a new raw WebSocket to `url`; as many bytes as came back (bounded)."""
+        async with self.websocket(url, *protocols) as ws, asyncio.timeout(30):
+            await ws.send(payload)
+            got = b""
+            while len(got) < len(payload):
+                message = await ws.recv()
+                assert isinstance(message, bytes)
+                got += message
+            return got
+
     @property
     def auth(self) -> dict[str, str]:
         """The Authorization header of the test user."""
@@ -259,6 +272,20 @@ async def start_standalone(
         )
     finally:
         await server.stop()
+
+
+async def end_process(
+    proc: asyncio.subprocess.Process, sig: signal.Signals = signal.SIGTERM
+) -> None:
+    """Send `sig` to a child still running, wait a bounded time, then kill it."""
+    if proc.returncode is None:
+        proc.send_signal(sig)
+    try:
+        async with asyncio.timeout(10):
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
 
 
 def open_fds() -> int:

@@ -30,6 +30,7 @@ import pexpect  # type: ignore[import-untyped]
 from PIL import Image
 
 from subres.demo.vnc import Display
+from tests.support import end_process
 
 __all__ = ["TIMEOUT", "Virtctl"]
 
@@ -260,14 +261,7 @@ async def _expect(child: pexpect.spawn, pattern: object) -> None:
 
 async def _end(proc: asyncio.subprocess.Process) -> None:
     """Interrupt (virtctl waits for SIGINT), then kill after a bounded wait."""
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(10):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+    await end_process(proc, signal.SIGINT)
 
 
 async def _connect(

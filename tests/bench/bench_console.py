@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -307,18 +307,27 @@ def summarize(samples_ns: Sequence[int]) -> tuple[float, float, float]:
     return p50 / 1e3, p99 / 1e3, statistics.fmean(ordered) / 1e3
 
 
+async def timed(count: int, roundtrip: Callable[[], Awaitable[object]]) -> list[int]:
+    """Times (ns) of `count` round trips, after a warm-up."""
+    samples = []
+    for i in range(count + warmup(count)):
+        start = time.perf_counter_ns()
+        await roundtrip()
+        if i >= warmup(count):
+            samples.append(time.perf_counter_ns() - start)
+    return samples
+
+
 async def tcp_roundtrips(port: int, count: int, payload: bytes) -> list[int]:
     """Round-trip times (ns) straight to the echo backend, after a warm-up."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def roundtrip() -> bytes:
+        writer.write(payload)
+        return await reader.readexactly(len(payload))
+
     try:
-        samples = []
-        for i in range(count + warmup(count)):
-            start = time.perf_counter_ns()
-            writer.write(payload)
-            await reader.readexactly(len(payload))
-            if i >= warmup(count):
-                samples.append(time.perf_counter_ns() - start)
-        return samples
+        return await timed(count, roundtrip)
     finally:
         writer.close()
         await writer.wait_closed()
@@ -338,17 +347,15 @@ async def ws_roundtrips(
     async with target.connect(machine, subprotocol, target.ssl_context(), OPEN_TIMEOUT) as ws:
         if subprotocol != RAW:
             await ws.recv()  # the empty stdout message that says the stream is up
-        samples = []
-        for i in range(count + warmup(count)):
-            start = time.perf_counter_ns()
+
+        async def roundtrip() -> None:
             await ws.send(framed)
             got = 0
             while got < len(payload):
                 message = await ws.recv()
                 got += len(message) - header
-            if i >= warmup(count):
-                samples.append(time.perf_counter_ns() - start)
-        return samples
+
+        return await timed(count, roundtrip)
 
 
 async def ssh_roundtrips(ssh: SshEcho, count: int, payload: bytes) -> list[int]:
@@ -359,13 +366,12 @@ async def ssh_roundtrips(ssh: SshEcho, count: int, payload: bytes) -> list[int]:
         client_keys=None, agent_path=None, config=None,
     ) as conn:  # fmt: skip
         writer, reader, _ = await conn.open_session(term_type="xterm", encoding=None)
-        samples = []
-        for i in range(count + warmup(count)):
-            start = time.perf_counter_ns()
+
+        async def roundtrip() -> None:
             writer.write(payload)
             await reader.readexactly(len(payload))
-            if i >= warmup(count):
-                samples.append(time.perf_counter_ns() - start)
+
+        samples = await timed(count, roundtrip)
         writer.write_eof()
         return samples
 

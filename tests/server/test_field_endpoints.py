@@ -70,17 +70,9 @@ async def subres(
         yield s
 
 
-async def upgrade(subres: Standalone, path: str) -> bytes:
-    async with subres.websocket(subres.api_url(path)) as ws:
-        payload = os.urandom(1024)
-        await ws.send(payload)
-        got = b""
-        while len(got) < len(payload):
-            message = await ws.recv()
-            assert isinstance(message, bytes)
-            got += message
-        assert got == payload
-        return got
+async def upgrade(subres: Standalone, path: str) -> None:
+    payload = os.urandom(1024)
+    assert await subres.echoed(subres.api_url(path), payload) == payload
 
 
 async def refusal(subres: Standalone, path: str) -> tuple[int, bytes]:

@@ -105,15 +105,7 @@ async def refused(subres: Standalone, path: str) -> tuple[int, str]:
 
 
 async def echoes(subres: Standalone, path: str, payload: bytes) -> bytes:
-    async with subres.websocket(subres.api_url(path), PLAIN) as ws:
-        assert ws.subprotocol == PLAIN
-        await ws.send(payload)
-        got = b""
-        while len(got) < len(payload):
-            message = await ws.recv()
-            assert isinstance(message, bytes)
-            got += message
-        return got
+    return await subres.echoed(subres.api_url(path), payload, PLAIN)
 
 
 async def test_the_version_document_is_virt_apis_shape_with_the_configured_release(
