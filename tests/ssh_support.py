@@ -20,13 +20,14 @@ import getpass
 import os
 import re
 import signal
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncssh
+
+from tests.support import free_port
 
 __all__ = [
     "PASSWORD",
@@ -83,12 +84,6 @@ def secret(name: str, data: dict[str, bytes | str], namespace: str = "default") 
         "metadata": {"name": name, "namespace": namespace},
         "stringData": strings,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- OpenSSH ----------------------------------------------------------------------

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import websockets
 import yaml
 from websockets.asyncio.client import connect
@@ -29,6 +32,7 @@ __all__ = [
     "Backend",
     "Standalone",
     "end_process",
+    "free_port",
     "machine",
     "open_fds",
     "start_standalone",
@@ -38,17 +42,24 @@ __all__ = [
 GROUP_VERSION = "subresources.subres.dev/v1alpha1"
 
 
-def machine(name: str, *, console: str | None = None, phase: str = "Running") -> dict[str, Any]:
-    """A Machine object."""
-    spec: dict[str, Any] = {}
+def machine(
+    name: str,
+    *,
+    console: str | None = None,
+    phase: str = "Running",
+    spec: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Machine object; `spec` and `status` add to what the other arguments say."""
+    body: dict[str, Any] = {}
     if console is not None:
-        spec["console"] = {"endpoint": console}
+        body["console"] = {"endpoint": console}
     return {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-        "status": {"phase": phase},
+        "spec": {**body, **(spec or {})},
+        "status": {"phase": phase, **(status or {})},
     }
 
 
@@ -166,6 +177,16 @@ class Standalone:
             close_timeout=close_timeout,
         )
 
+    async def refused(self, url: str, *protocols: str) -> tuple[int, dict[str, Any]]:
+        """A WebSocket upgrade of `url` that must be refused: its code and Status body."""
+        with pytest.raises(websockets.InvalidStatus) as info:
+            async with self.websocket(url, *protocols):
+                pass
+        response = info.value.response
+        status: dict[str, Any] = json.loads(response.body or b"{}")
+        assert status.get("kind") == "Status" and status.get("code") == response.status_code
+        return response.status_code, status
+
     async def echoed(self, url: str, payload: bytes, *protocols: str) -> bytes:
         """Send `payload` on a new raw WebSocket to `url`; as many bytes as came back (bounded)."""
         async with self.websocket(url, *protocols) as ws, asyncio.timeout(30):
@@ -277,7 +298,10 @@ async def start_standalone(
 async def end_process(
     proc: asyncio.subprocess.Process, sig: signal.Signals = signal.SIGTERM
 ) -> None:
-    """Send `sig` to a child still running, wait a bounded time, then kill it."""
+    """Send `sig` to a child still running, wait a bounded time, then kill it.
+
+    (tests/e2e/test_subres.py keeps its own: kubepeer ends on stdin EOF, not a signal.)
+    """
     if proc.returncode is None:
         proc.send_signal(sig)
     try:
@@ -286,6 +310,13 @@ async def end_process(
     except TimeoutError:
         proc.kill()
         await proc.wait()
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A loopback port nothing listens on now (for programs that must be told one)."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def open_fds() -> int:

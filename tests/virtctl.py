@@ -30,7 +30,7 @@ import pexpect  # type: ignore[import-untyped]
 from PIL import Image
 
 from subres.demo.vnc import Display
-from tests.support import end_process
+from tests.support import end_process, free_port
 
 __all__ = ["TIMEOUT", "Virtctl"]
 
@@ -41,16 +41,13 @@ ESCAPE = "\x1d"
 PROBE = b"probe"
 
 
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port nobody listens on now (virtctl needs the local port on its command line)."""
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class Virtctl:
-    """virtctl with one kubeconfig (and namespace) and a scratch HOME."""
+    """virtctl with one kubeconfig (and namespace) and a scratch HOME.
+
+    (Shaped like tests/bench/client.Target, which says how to reach subres, not how to
+    run a client program.)
+    """
 
     binary: Path
     kubeconfig: Path

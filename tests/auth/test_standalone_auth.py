@@ -78,7 +78,8 @@ async def test_no_credentials_is_anonymous() -> None:
             ),
         ),
         # A GET without a name lists, as kube-apiserver's RequestInfo says (KubeVirt's
-        # `version` document is read this way; its roles grant get and list).
+        # `version` document is read this way; its roles grant get and list). Every case
+        # spells its Attributes out: a table of expectations, not repeated logic.
         (
             "GET",
             "/apis/subresources.kubevirt.io/v1/version",

@@ -30,7 +30,8 @@ from websockets.typing import Subprotocol
 from tests.e2e import subresserver
 from tests.e2e.controlplane import ControlPlane, poll, run_sync
 from tests.e2e.subresserver import GROUP, NAMESPACE, SERVICE_ACCOUNT, VERSION, Subres
-from tests.ssh_support import Keys, OpenSsh, free_port, keys, known_hosts_line, openssh
+from tests.ssh_support import Keys, OpenSsh, keys, known_hosts_line, openssh
+from tests.support import free_port
 
 BOUND = "e2e-ssh"
 """subres may read Secrets here."""

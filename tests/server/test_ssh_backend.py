@@ -26,6 +26,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests import support
 from tests.server.kubepeer import run_exec
 from tests.ssh_support import OpenSsh, keys, known_hosts_line, openssh, secret
 from tests.support import Backend, Standalone, start_standalone
@@ -66,7 +67,7 @@ def machine(
     name: str, *, console: str = "", secret_name: str = "login", host_key: str = "",
     forward: tuple[str, list[int], str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    status: dict[str, Any] = {"phase": "Running", "console": {"endpoint": console}}
+    status: dict[str, Any] = {"console": {"endpoint": console}}
     if host_key:
         status["console"]["hostKey"] = host_key
     spec: dict[str, Any] = {"console": {"sshSecret": secret_name}}
@@ -74,13 +75,7 @@ def machine(
         address, ports, jump = forward
         status["portForward"] = {"address": address, "ports": ports, "jumpHost": jump}
         spec["portForward"] = {"sshSecret": secret_name}
-    return {
-        "apiVersion": "subres.dev/v1alpha1",
-        "kind": "Machine",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-        "status": status,
-    }
+    return support.machine(name, spec=spec, status=status)
 
 
 @dataclass
@@ -220,11 +215,8 @@ async def test_a_dying_sshd_ends_the_session_with_1011_and_a_reason(setup: Setup
 
 
 async def refusal(subres: Standalone, path: str) -> tuple[int, str]:
-    with pytest.raises(websockets.InvalidStatus) as info:
-        async with ws(subres, path, "plain.kubevirt.io"):
-            pass
-    status = json.loads(info.value.response.body or b"{}")
-    return info.value.response.status_code, str(status.get("message"))
+    code, status = await subres.refused(subres.url(*path.split("/", 1)), "plain.kubevirt.io")
+    return code, str(status["message"])
 
 
 @pytest.mark.parametrize(
