@@ -16,7 +16,8 @@ upgrade, each a Status; the live part):
   `RemoteCommandClient` over an `engine.spdy` session, and the pump.
 - vnc: `vnc.handle`; as console, and `preserveSession` is 409 while another
   session lives; `streaming.serve`.
-- screenshot: `screenshot.handle`; as vnc; `backends.rfb.capture`, then PNG.
+- screenshot (also KubeVirt's `vnc/screenshot`, authorized as `vnc`):
+  `screenshot.handle`; as vnc; `backends.rfb.capture`, then PNG.
 - portforward `?ports=`: `portforward_ws.handle_channels`; ports (400), each
   allowed (403) and vetted; a `ChannelMux`, each port dialed after the
   upgrade and pumped.
@@ -29,8 +30,11 @@ upgrade, each a Status; the live part):
 
 Every live part runs inside `session.live` (register, takeover, count, one
 log line, the `Record` of how it ended) and stops when either side is gone.
-Backends are `backends.stream.SocketStream` (tcp, unix) or
-`backends.datagram.DatagramStream` (udp), vetted by `backends.endpoint`.
+Backends are `backends.stream.SocketStream` (tcp, unix),
+`backends.datagram.DatagramStream` (udp) or an SSH channel of
+`backends.ssh.Pool` (`ssh://` consoles, forwards through a jump host), vetted
+by `backends.endpoint`. `/apis/{group}/{version}/version` is the version
+document KubeVirt's clients read (`server_version`).
 """
 
 from __future__ import annotations
