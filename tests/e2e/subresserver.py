@@ -86,6 +86,8 @@ class Profile:
     """Further manifests to apply with it (CRDs of a cluster without the real operator)."""
     config: Path | None = None
     """``--config`` of the local process (the overlay's ConfigMap would need a kubelet)."""
+    args: tuple[str, ...] = ()
+    """Further flags of ``subres serve`` (e.g. ``--access-log`` for a test that reads it)."""
 
 
 @dataclass
@@ -198,6 +200,7 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
         args = _serve_args(overlay / "certs", workdir / "cert-dir", kubeconfig, port)
         if profile.config is not None:
             args.append(f"--config={profile.config}")
+        args += profile.args
         server = Subres(
             plane=plane,
             workdir=workdir,

@@ -57,6 +57,8 @@ def cluster(control_plane: ControlPlane) -> Iterator[Cluster]:
             crds=("virtualmachineinstances.kubevirt.io", "virtualmachines.kubevirt.io"),
             resources=(EXAMPLE / "crds.yaml",),
             config=config,
+            # The --timeout test sees virtctl's refused attempts in the access log.
+            args=("--access-log",),
         )
         server = run_sync(subresserver.launch(control_plane, kubevirt))
         try:
