@@ -19,6 +19,8 @@ from subres import fields
 
 __all__ = [
     "ANY_PORT",
+    "DEFAULT_DENY_CIDRS",
+    "DEFAULT_SOCKET_DIR",
     "SUBRESOURCES",
     "Config",
     "ConfigError",
@@ -40,6 +42,29 @@ ANY_PORT = "any"
 """`ports: any`: the parent kind opts in to forwarding every port (KubeVirt restricts none)."""
 
 Scalar = str | int | float | bool
+
+DEFAULT_DENY_CIDRS = (
+    "0.0.0.0/8",  # unspecified: "this host"
+    "127.0.0.0/8",  # loopback: subres's own pod and whatever listens beside it
+    "169.254.0.0/16",  # link-local: AWS, GCP, Azure, OpenStack... metadata at 169.254.169.254
+    "224.0.0.0/4",  # multicast
+    "255.255.255.255/32",  # broadcast
+    "100.100.100.200/32",  # Alibaba Cloud metadata
+    "168.63.129.16/32",  # Azure WireServer
+    "192.0.0.192/32",  # Oracle Cloud legacy metadata
+    "::/128",  # unspecified
+    "::1/128",  # loopback
+    "fe80::/10",  # link-local (OpenStack metadata at fe80::a9fe:a9fe)
+    "ff00::/8",  # multicast
+    "fd00:ec2::254/128",  # AWS metadata over IPv6
+    "fd20:ce::254/128",  # GCP metadata for IPv6-only instances
+)
+"""The endpoint policy's default `denyCIDRs`: nothing a parent object should ever reach."""
+
+DEFAULT_SOCKET_DIR = "/run/subres/sockets"
+"""The default `socketDirs`: a directory of subres's own, where an operator links or
+mounts the sockets subres may reach (never all of `/run`, which holds container
+runtimes' sockets)."""
 
 
 class ConfigError(ValueError):
@@ -149,13 +174,13 @@ class EndpointPolicySpec:
         ipaddress.ip_network("::/0"),
     )
     """TCP targets must fall in one of these networks..."""
-    deny_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = (
-        ipaddress.ip_network("169.254.0.0/16"),
-        ipaddress.ip_network("fe80::/10"),
+    deny_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
+        ipaddress.ip_network(n) for n in DEFAULT_DENY_CIDRS
     )
-    """...and in none of these (link-local holds cloud metadata services)."""
-    socket_dirs: tuple[str, ...] = ("/run", "/var/run")
-    """unix sockets must lie under one of these directories."""
+    """...and in none of these. Every rule is checked against every form of the
+    address (IPv4-mapped, IPv4-compatible, NAT64, 6to4 and Teredo unwrapped)."""
+    socket_dirs: tuple[str, ...] = (DEFAULT_SOCKET_DIR,)
+    """unix sockets must lie under one of these directories once symlinks are resolved."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from subres.server.run import Server, complete
 
 __all__ = [
     "GROUP_VERSION",
+    "LOOPBACK_POLICY",
     "Backend",
     "Standalone",
     "end_process",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 GROUP_VERSION = "subresources.subres.dev/v1alpha1"
+
+LOOPBACK_POLICY: dict[str, Any] = {"allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
+"""An endpoint policy for backends on 127.0.0.0/8 (and nothing else)."""
 
 
 def machine(
@@ -75,10 +79,10 @@ class Backend:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
-    async def start_tcp(self) -> Backend:
-        """Listen on 127.0.0.1, any port."""
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = f"tcp://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+    async def start_tcp(self, host: str = "127.0.0.1") -> Backend:
+        """Listen on `host` (127.0.0.1 by default), any port."""
+        self._server = await asyncio.start_server(self._serve, host, 0)
+        self.url = f"tcp://{host}:{self._server.sockets[0].getsockname()[1]}"
         return self
 
     async def start_unix(self, path: Path) -> Backend:
@@ -244,19 +248,22 @@ async def start_standalone(
     tmp: Path,
     *objects: dict[str, Any],
     session: dict[str, Any] | None = None,
+    policy: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
 ) -> AsyncIterator[Standalone]:
     """Start a standalone server with `objects`; stop it afterwards.
 
-    `config` replaces top-level keys of the test configuration (loopback and `tmp`
-    allowed, a 2 s connect timeout), e.g. `group`, `version` and `parents` of a profile.
+    Its endpoint policy (unless `policy` replaces it) allows loopback, which the
+    default policy denies, because the tests' backends listen there, and `tmp`'s
+    sockets. `config` replaces top-level keys of the test configuration (a 2 s
+    connect timeout), e.g. `group`, `version` and `parents` of a profile.
     """
     token = "test-token-" + os.urandom(8).hex()
     (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
     client_ca = certs.generate_ca("test-client-ca")
     client_ca.write(tmp / "client-ca.crt", tmp / "client-ca.key")
     settings = {
-        "endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(tmp)]},
+        "endpointPolicy": policy or LOOPBACK_POLICY | {"socketDirs": [str(tmp)]},
         "session": {"connectTimeout": 2, **(session or {})},
         **(config or {}),
     }

@@ -181,3 +181,19 @@ def _one_console(console: object) -> dict[str, object]:
 def test_rule_and_template_errors_name_the_problem(data: object, words: str) -> None:
     with pytest.raises(config.ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
         config.parse(data)
+
+
+def test_default_policy_is_narrow() -> None:
+    policy = config.Config().policy
+    denied = {str(n) for n in policy.deny_cidrs}
+    for net in ("127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128"):
+        assert net in denied
+    assert policy.socket_dirs == ("/run/subres/sockets",)
+
+
+def test_deny_list_is_replaced_only_explicitly() -> None:
+    assert (
+        config.parse({"endpointPolicy": {}}).policy.deny_cidrs == config.Config().policy.deny_cidrs
+    )
+    policy = config.parse({"endpointPolicy": {"denyCIDRs": []}}).policy
+    assert policy.deny_cidrs == ()

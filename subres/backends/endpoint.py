@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import re
 import socket
 from dataclasses import dataclass
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
+from subres.backends import addresses
 from subres.config import EndpointPolicySpec
 
 __all__ = [
@@ -24,7 +26,10 @@ __all__ = [
     "EndpointInvalid",
     "EndpointUnresolved",
     "Target",
+    "allowed",
     "check",
+    "host",
+    "ipv6",
     "parse",
 ]
 
@@ -81,40 +86,75 @@ class Target:
     address: str = ""
 
 
+_TCP = re.compile(r"tcp://(?:\[(?P<ip6>[^\]/]*)\]|(?P<host>[^\[\]:/]*)):(?P<port>[0-9]{1,5})/?")
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_UNIX = "unix://"
+
+
 def parse(url: str) -> Endpoint:
-    """An `Endpoint` from `tcp://host:port`, `unix:///path` or `ssh://[user@]host[:port]`."""
+    """An `Endpoint` from `tcp://host:port`, `tcp://[ipv6]:port`, `unix:///path` or
+    `ssh://[user@]host[:port]`.
+
+    Strict on purpose: no user info, path, query or fragment on `tcp`, ports
+    1-65535 in ASCII digits, host names of DNS labels, IPv6 only in brackets.
+    """
+    if url.startswith(_UNIX):
+        path = url[len(_UNIX) :]
+        if not path.startswith("/") or "\0" in path:
+            raise EndpointInvalid(f"unix endpoint {_shown(url)} needs an absolute path")
+        return Endpoint("unix", path=os.path.normpath(path))
+    if url.startswith("ssh:"):
+        return _ssh(url)
+    if not url.startswith("tcp:"):
+        raise EndpointInvalid(f"unsupported endpoint scheme in {_shown(url)}")
+    match = _TCP.fullmatch(url)
+    port = int(match["port"]) if match else 0
+    if match is None or not 0 < port <= 0xFFFF:
+        raise EndpointInvalid(f"tcp endpoint {_shown(url)} needs a host and a port (1-65535)")
+    ip6 = match["ip6"]
+    if ip6 is not None:
+        # RFC 6874 writes a zone id as %25zone inside the brackets.
+        return Endpoint("tcp", host=ipv6(ip6.replace("%25", "%", 1)), port=port)
+    return Endpoint("tcp", host=host(match["host"]), port=port)
+
+
+def host(text: str) -> str:
+    """`text` if it is a host name or an IP address (IPv6 unbracketed), else `EndpointInvalid`."""
+    if ":" in text:
+        return ipv6(text)
+    labels = text.removesuffix(".").split(".")
+    if len(text) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise EndpointInvalid(f"{_shown(text)} is not a host name or an IP address")
+    return text
+
+
+def ipv6(text: str) -> str:
+    """`text` if it is an IPv6 address (zone id allowed), else `EndpointInvalid`."""
+    try:
+        return str(ipaddress.IPv6Address(text))
+    except ValueError:
+        raise EndpointInvalid(f"{_shown(text)} is not an IPv6 address") from None
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 100 else text[:100] + "...")
+
+
+def _ssh(url: str) -> Endpoint:
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # e.g. an unbalanced IPv6 bracket
-        raise EndpointInvalid(f"endpoint {url!r} is not a URL: {exc}") from None
-    if parts.scheme == "unix":
-        path = parts.path or parts.netloc
-        if not path.startswith("/"):
-            raise EndpointInvalid(f"unix endpoint {url!r} needs an absolute path")
-        return Endpoint("unix", path=os.path.normpath(path))
-    if parts.scheme == "tcp":
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or not port:
-            raise EndpointInvalid(f"tcp endpoint {url!r} needs a host and a port")
-        return Endpoint("tcp", host=parts.hostname, port=port)
-    if parts.scheme == "ssh":
-        return _ssh(url, parts)
-    raise EndpointInvalid(f"unsupported endpoint scheme in {url!r}")
-
-
-def _ssh(url: str, parts: SplitResult) -> Endpoint:
+        raise EndpointInvalid(f"ssh endpoint {_shown(url)} is not a URL: {exc}") from None
     try:
         port = parts.port or SSH_PORT
     except ValueError:
-        raise EndpointInvalid(f"ssh endpoint {url!r} has a bad port") from None
+        raise EndpointInvalid(f"ssh endpoint {_shown(url)} has a bad port") from None
     if parts.password is not None:
-        raise EndpointInvalid(f"ssh endpoint {url!r} carries a password: use the Secret")
+        raise EndpointInvalid(f"ssh endpoint {_shown(url)} carries a password: use the Secret")
     if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise EndpointInvalid(f"ssh endpoint {url!r} must be ssh://[user@]host[:port]")
-    return Endpoint("ssh", host=parts.hostname, port=port, user=unquote(parts.username or ""))
+        raise EndpointInvalid(f"ssh endpoint {_shown(url)} must be ssh://[user@]host[:port]")
+    user = unquote(parts.username or "")
+    return Endpoint("ssh", host=host(parts.hostname), port=port, user=user)
 
 
 async def check(endpoint: Endpoint, policy: EndpointPolicySpec) -> Target:
@@ -122,31 +162,47 @@ async def check(endpoint: Endpoint, policy: EndpointPolicySpec) -> Target:
     if endpoint.scheme not in policy.schemes:
         raise EndpointForbidden(f"endpoint scheme {endpoint.scheme!r} is not allowed")
     if endpoint.scheme == "unix":
-        if not any(_under(endpoint.path, d) for d in policy.socket_dirs):
-            raise EndpointForbidden(f"socket {endpoint.path} is outside the allowed directories")
-        return Target(endpoint)
-    address = await _resolve(endpoint.host)
-    ip = ipaddress.ip_address(address)
-    if not any(ip in net for net in policy.allow_cidrs) or any(
-        ip in net for net in policy.deny_cidrs
-    ):
-        raise EndpointForbidden(f"address {address} is not allowed by the endpoint policy")
-    # Dial the address that was checked, so a DNS answer cannot change in between.
-    return Target(endpoint, address)
+        return Target(Endpoint("unix", path=_socket_path(endpoint.path, policy)))
+    ip = await _resolve(endpoint.host)
+    if not allowed(ip, policy):
+        others = [str(f) for f in addresses.forms(ip) if f != ip]
+        shown = f"{ip} (that is {', '.join(others)})" if others else str(ip)
+        raise EndpointForbidden(f"address {shown} is not allowed by the endpoint policy")
+    # Dial the address that was checked, so a DNS answer cannot change in between;
+    # its canonical form, so an IPv4-mapped spelling is dialed as the IPv4 address it is.
+    # (An IPv6 address keeps its zone id, which only says which link to use.)
+    dialed = addresses.canonical(ip)
+    return Target(endpoint, str(ip) if dialed.version == 6 else str(dialed))
+
+
+def allowed(ip: addresses.IPAddress, policy: EndpointPolicySpec) -> bool:
+    """Whether every form of `ip` is in an allowed network and none in a denied one."""
+    forms = addresses.forms(ip)
+    return all(any(f in net for net in policy.allow_cidrs) for f in forms) and not any(
+        f in net for f in forms for net in policy.deny_cidrs
+    )
+
+
+def _socket_path(path: str, policy: EndpointPolicySpec) -> str:
+    """`path` with every symlink resolved, if that lies in an allowed directory."""
+    real = os.path.realpath(path)
+    if not any(_under(real, os.path.realpath(d)) for d in policy.socket_dirs):
+        shown = path if real == path else f"{path} (resolved to {real})"
+        raise EndpointForbidden(f"socket {shown} is outside the allowed directories")
+    return real
 
 
 def _under(path: str, directory: str) -> bool:
-    directory = os.path.normpath(directory)
     return directory in ("/", path) or path.startswith(directory + "/")
 
 
-async def _resolve(host: str) -> str:
+async def _resolve(host: str) -> addresses.IPAddress:
     try:
-        return str(ipaddress.ip_address(host))
+        return ipaddress.ip_address(host)
     except ValueError:
         pass
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:
         raise EndpointUnresolved(f"cannot resolve {host}: {exc}") from None
-    return str(infos[0][4][0])
+    return ipaddress.ip_address(infos[0][4][0])

@@ -118,7 +118,9 @@ def _config(state_dir: Path) -> dict[str, object]:
     return {
         "endpointPolicy": {
             "schemes": ["unix", "tcp", "ssh"],
+            # Loopback only: the default policy denies it, the demo's machines live there.
             "allowCIDRs": ["127.0.0.0/8", "::1/128"],
+            "denyCIDRs": [],
             "socketDirs": [str(state_dir)],
         },
         "parents": [machines],

@@ -29,7 +29,7 @@ from tests.support import Backend, open_fds, wait_for
 
 CONNECT_TIMEOUT = 3.0
 POLICY = EndpointPolicySpec(
-    schemes=("ssh", "tcp"), allow_cidrs=(ipaddress.ip_network("127.0.0.0/8"),)
+    schemes=("ssh", "tcp"), allow_cidrs=(ipaddress.ip_network("127.0.0.0/8"),), deny_cidrs=()
 )
 STEP = 20.0
 """Bound on one step of a conversation with a shell."""

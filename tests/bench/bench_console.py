@@ -174,7 +174,7 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
     certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
-    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
+    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
     console = {"endpoint": ".spec.console.endpoint", "ssh": {"credentials": ".spec.console.secret"}}
     parent = {
         "resource": "machines",

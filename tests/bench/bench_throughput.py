@@ -243,7 +243,7 @@ def write_files(root: Path, sink: int, source: int, sshd: OpenSsh | None) -> Fil
     serving = certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
-    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"]}
+    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
     forward = {
         "address": ".spec.portForward.address",
         "ports": ".spec.portForward.ports",

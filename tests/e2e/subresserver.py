@@ -39,6 +39,7 @@ import yaml
 from subres.server import certs
 from tests.e2e.aggregation import apiservice_condition, wait_apiservice_available
 from tests.e2e.controlplane import ControlPlane, ControlPlaneError, Process, free_ports, poll
+from tests.support import LOOPBACK_POLICY
 
 __all__ = [
     "APISERVICE",
@@ -198,8 +199,7 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
         args = _serve_args(overlay / "certs", workdir / "cert-dir", kubeconfig, port)
-        if profile.config is not None:
-            args.append(f"--config={profile.config}")
+        args.append(f"--config={profile.config or _write_config(workdir)}")
         args += profile.args
         server = Subres(
             plane=plane,
@@ -247,6 +247,14 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
         f"--cert-dir={cert_dir}",
         "--shutdown-grace=2",
     ]
+
+
+def _write_config(workdir: Path) -> Path:
+    """The server's `--config` when the profile has none: an endpoint policy for the
+    backends, all on loopback (which the default policy denies)."""
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump({"endpointPolicy": LOOPBACK_POLICY}))
+    return path
 
 
 def _write_kustomization(overlay: Path, port: int, profile: Profile) -> None:

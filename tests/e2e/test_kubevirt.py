@@ -48,7 +48,11 @@ def cluster(control_plane: ControlPlane) -> Iterator[Cluster]:
         config = sockets / "config.yaml"
         settings = {
             **profile(sockets),
-            "endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(sockets)]},
+            "endpointPolicy": {
+                "allowCIDRs": ["127.0.0.0/8"],
+                "denyCIDRs": [],
+                "socketDirs": [str(sockets)],
+            },
         }
         config.write_text(yaml.safe_dump(settings))
         kubevirt = subresserver.Profile(

@@ -62,7 +62,11 @@ def cluster(
     config.write_text(
         yaml.safe_dump(
             {
-                "endpointPolicy": {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"]},
+                "endpointPolicy": {
+                    "schemes": ["tcp", "ssh"],
+                    "allowCIDRs": ["127.0.0.0/8"],
+                    "denyCIDRs": [],
+                },
                 "parents": [
                     {
                         "resource": "machines",

@@ -24,7 +24,7 @@ from subres.server import certs
 from subres.server.options import Options
 from subres.server.run import Server, complete_cluster
 from tests.fakeapi import FakeApiServer, start_fake
-from tests.support import GROUP_VERSION, Backend, machine, wait_for
+from tests.support import GROUP_VERSION, LOOPBACK_POLICY, Backend, machine, wait_for
 
 PROXY_CA = certs.generate_ca("front-proxy-ca")
 CLIENT_CA = certs.generate_ca("client-ca")
@@ -45,7 +45,7 @@ def configmap() -> dict[str, Any]:
 
 
 def options(tmp: Path, fake: FakeApiServer, **changes: Any) -> Options:
-    config = {"endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"]}}
+    config = {"endpointPolicy": LOOPBACK_POLICY}
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     base = Options(
         secure_port=0,

@@ -50,6 +50,7 @@ def config(tmp: Path) -> dict[str, Any]:
         "endpointPolicy": {
             "schemes": ["tcp", "unix", "ssh"],
             "allowCIDRs": ["127.0.0.0/8"],
+            "denyCIDRs": [],
             "socketDirs": [str(tmp)],
         },
         "parents": [
