@@ -22,6 +22,8 @@ __all__ = [
     "DEFAULT_DENY_CIDRS",
     "DEFAULT_SOCKET_DIR",
     "SUBRESOURCES",
+    "TRUSTED_FIELDS",
+    "TRUSTED_PREFIX",
     "Config",
     "ConfigError",
     "EndpointPolicySpec",
@@ -215,24 +217,35 @@ class Config:
     server_version: Mapping[str, str] = field(default_factory=dict)
     """Fields of the `…/{version}/version` document that replace subres's own (KubeVirt's
     clients compare `gitVersion` with theirs)."""
+    endpoints_from_spec: bool = False
+    """Opt-in: backends may be read from outside `.status` (`.spec`, annotations), which
+    anyone who may edit a parent object can change. Off, endpoints come from `.status`,
+    written through the status subresource that namespace editors do not get."""
 
     def parent(self, resource: str) -> ParentSpec | None:
         """The parent kind served under `resource`."""
         return next((p for p in self.parents if p.resource == resource), None)
 
 
-def _default_parent() -> ParentSpec:
+TRUSTED_PREFIX = ".status."
+"""Where endpoint field paths must point unless `endpointsFromSpec` is set."""
+TRUSTED_FIELDS = (".metadata.name", ".metadata.namespace", ".metadata.uid")
+"""Fields outside `.status` a backend may still be built from: the object's identity."""
+
+
+def _default_parent(root: str = ".status") -> ParentSpec:
     running = (Requirement(".status.phase", ("Running",)),)
+    vnc = f"{root}.vnc.endpoint"
     subs = {
-        "console": SubresourceSpec("console", endpoint=".spec.console.endpoint", requires=running),
-        "vnc": SubresourceSpec("vnc", endpoint=".spec.vnc.endpoint", requires=running),
-        "screenshot": SubresourceSpec(
-            "screenshot", endpoint=".spec.vnc.endpoint", requires=running
+        "console": SubresourceSpec(
+            "console", endpoint=f"{root}.console.endpoint", requires=running
         ),
+        "vnc": SubresourceSpec("vnc", endpoint=vnc, requires=running),
+        "screenshot": SubresourceSpec("screenshot", endpoint=vnc, requires=running),
         "portforward": SubresourceSpec(
             "portforward",
-            address=".spec.portForward.address",
-            ports=".spec.portForward.ports",
+            address=f"{root}.portForward.address",
+            ports=f"{root}.portForward.ports",
             requires=running,
         ),
     }
@@ -265,19 +278,29 @@ def load(path: Path | None) -> Config:
 
 def parse(data: Any) -> Config:
     """A validated `Config` from the file's decoded YAML."""
-    keys = {"group", "version", "parents", "endpointPolicy", "session", "serverVersion"}
+    keys = {
+        "group",
+        "version",
+        "parents",
+        "endpointPolicy",
+        "session",
+        "serverVersion",
+        "endpointsFromSpec",
+    }
     doc = _mapping(data, "config", keys)
     default = Config()
+    from_spec = _bool(doc.get("endpointsFromSpec", False), "endpointsFromSpec")
     parents = doc.get("parents")
     cfg = Config(
         group=_str(doc.get("group", default.group), "group"),
         version=_str(doc.get("version", default.version), "version"),
         parents=tuple(_parent(p) for p in _list(parents, "parents"))
         if parents is not None
-        else default.parents,
+        else (_default_parent(".spec" if from_spec else ".status"),),
         policy=_policy(doc.get("endpointPolicy", {})),
         session=_session(doc.get("session", {})),
         server_version=_server_version(doc.get("serverVersion", {})),
+        endpoints_from_spec=from_spec,
     )
     for parent in cfg.parents:
         if parent.instance is not None and cfg.parent(parent.instance.resource) in (None, parent):
@@ -285,7 +308,44 @@ def parse(data: Any) -> Config:
                 f"{parent.resource}.instance.resource: {parent.instance.resource!r} "
                 "must be another parent of this file"
             )
+    if not from_spec:
+        _check_trusted(cfg.parents)
     return cfg
+
+
+def _check_trusted(parents: tuple[ParentSpec, ...]) -> None:
+    """Refuse backends read from fields an editor of the object can write, unless the
+    file opted in: every field an endpoint, address, port list or SSH setting reads
+    (directly or in a template) must be under `.status`, or be the object's name,
+    namespace or uid (which a template may use to pick a socket of its own)."""
+    for parent in parents:
+        for sub in parent.subresources.values():
+            for source in _backend_sources(sub):
+                for path in _fields_of(source):
+                    if not path.startswith(TRUSTED_PREFIX) and path not in TRUSTED_FIELDS:
+                        raise ConfigError(
+                            f"{parent.resource}.{sub.name} reads its backend from {path}, "
+                            "which whoever may edit the object can change; use a .status "
+                            "field, or set endpointsFromSpec: true to let editors choose "
+                            "where subres dials"
+                        )
+
+
+def _backend_sources(sub: SubresourceSpec) -> list[str]:
+    sources = [sub.endpoint, sub.address, "" if sub.ports == ANY_PORT else sub.ports]
+    if sub.ssh is not None:
+        ssh = sub.ssh
+        sources += [ssh.credentials, ssh.host_key, ssh.command, ssh.via]
+    return [text for text in sources if text]
+
+
+def _fields_of(text: str) -> list[str]:
+    """The field paths a configured value reads: itself, or a template's placeholders."""
+    if text[:1] in (".", "["):
+        return [text]
+    if "{" not in text:
+        return []  # a literal (an SSH command without placeholders)
+    return [str(p) for p in fields.template(text).parts if isinstance(p, fields.FieldPath)]
 
 
 def _parent(data: Any) -> ParentSpec:
@@ -493,6 +553,12 @@ def _list(data: Any, what: str) -> list[Any]:
 def _str(data: Any, what: str) -> str:
     if not isinstance(data, str):
         raise ConfigError(f"{what} must be a string")
+    return data
+
+
+def _bool(data: Any, what: str) -> bool:
+    if not isinstance(data, bool):
+        raise ConfigError(f"{what} must be true or false")
     return data
 
 

@@ -15,7 +15,8 @@ of the module with its ``replace`` lines pointed at the published modules.
 A cold build of kubectl takes minutes, longer than the default per-test timeout,
 so CI should build before pytest starts::
 
-    python -m tests.gotools kubectl kubepeer spdypeer kube-apiserver etcd virtctl
+    python -m tests.gotools kubectl kubepeer spdypeer kube-apiserver etcd virtctl \
+        kube-controller-manager
 """
 
 from __future__ import annotations

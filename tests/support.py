@@ -54,7 +54,8 @@ def machine(
     spec: dict[str, Any] | None = None,
     status: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A Machine object; `spec` and `status` add to what the other arguments say."""
+    """A Machine object; its console is in `.status`, where subres reads backends by
+    default; `spec` and `status` add to what the other arguments say."""
     body: dict[str, Any] = {}
     if console is not None:
         body["console"] = {"endpoint": console}
@@ -62,8 +63,8 @@ def machine(
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {**body, **(spec or {})},
-        "status": {"phase": phase, **(status or {})},
+        "spec": spec or {},
+        "status": {"phase": phase, **body, **(status or {})},
     }
 
 

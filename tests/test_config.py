@@ -13,7 +13,13 @@ def test_defaults_serve_machines() -> None:
     machines = cfg.parent("machines")
     assert machines is not None and machines.api_version == "subres.dev/v1alpha1"
     assert set(machines.subresources) == set(config.SUBRESOURCES)
-    assert machines.subresources["console"].endpoint == ".spec.console.endpoint"
+    assert machines.subresources["console"].endpoint == ".status.console.endpoint"
+    forward = machines.subresources["portforward"]
+    assert (forward.address, forward.ports) == (
+        ".status.portForward.address",
+        ".status.portForward.ports",
+    )
+    assert not cfg.endpoints_from_spec
 
 
 def test_full_file() -> None:
@@ -100,7 +106,7 @@ def _kubevirt_like(**subresources: object) -> dict[str, object]:
                     "resource": "virtualmachineinstances",
                     "require": [{"field": ".status.created", "in": [True], "code": 409}],
                 },
-                "subresources": {"portforward": {"address": ".a", "ports": "any"}},
+                "subresources": {"portforward": {"address": ".status.a", "ports": "any"}},
             },
         ]
     }
@@ -197,3 +203,59 @@ def test_deny_list_is_replaced_only_explicitly() -> None:
     )
     policy = config.parse({"endpointPolicy": {"denyCIDRs": []}}).policy
     assert policy.deny_cidrs == ()
+
+
+def parent_reading(path: str) -> dict[str, object]:
+    return {
+        "resource": "hosts",
+        "kind": "Host",
+        "source": {"group": "example.com", "version": "v1"},
+        "subresources": {"console": {"endpoint": path}},
+    }
+
+
+@pytest.mark.parametrize("path", [".spec.console", ".metadata.annotations.console", ".statusx.a"])
+def test_endpoints_outside_status_need_the_opt_in(path: str) -> None:
+    with pytest.raises(config.ConfigError, match="endpointsFromSpec: true"):
+        config.parse({"parents": [parent_reading(path)]})
+    cfg = config.parse({"parents": [parent_reading(path)], "endpointsFromSpec": True})
+    hosts = cfg.parent("hosts")
+    assert hosts is not None and hosts.subresources["console"].endpoint == path
+
+
+def test_opt_in_makes_the_default_machine_read_spec() -> None:
+    machines = config.parse({"endpointsFromSpec": True}).parent("machines")
+    assert machines is not None
+    assert machines.subresources["vnc"].endpoint == ".spec.vnc.endpoint"
+    assert machines.subresources["portforward"].ports == ".spec.portForward.ports"
+    with pytest.raises(config.ConfigError, match="true or false"):
+        config.parse({"endpointsFromSpec": "yes"})
+
+
+@pytest.mark.parametrize(
+    ("sub", "trusted"),
+    [
+        ({"endpoint": "unix:///run/vms/{.metadata.namespace}/{.metadata.uid}/serial"}, True),
+        ({"endpoint": "tcp://{.status.interfaces[0].ipAddress}:5900"}, True),
+        ({"endpoint": "tcp://{.spec.host}:5900"}, False),
+        ({"endpoint": '.metadata.annotations["subres.dev/console"]'}, False),
+        ({"endpoint": "unix:///run/{.metadata.labels.vm}/serial"}, False),
+        ({"endpoint": ".status.console", "ssh": {"credentials": ".spec.secret"}}, False),
+        ({"endpoint": ".status.console", "ssh": {"credentials": ".status.secret",
+                                                   "command": "virsh console {.spec.domain}"}},
+         False),
+        ({"endpoint": ".status.console", "ssh": {"credentials": ".status.secret",
+                                                   "command": "virsh console {.metadata.name}"}},
+         True),
+    ],
+)  # fmt: skip
+def test_every_field_a_backend_is_built_from_is_trusted(
+    sub: dict[str, object], trusted: bool
+) -> None:
+    data = {"parents": [dict(parent_reading(".status.x"), subresources={"console": sub})]}
+    if trusted:
+        config.parse(data)
+    else:
+        with pytest.raises(config.ConfigError, match="endpointsFromSpec"):
+            config.parse(data)
+    config.parse({**data, "endpointsFromSpec": True})

@@ -89,7 +89,7 @@ async def test_demo_writes_what_it_promises(demo: Demo) -> None:
     # The console is an SSH server on loopback; its key is in a Secret only the user may read.
     [login] = [d for d in docs if d["kind"] == "Secret"]
     assert set(login["stringData"]) == {"ssh-privatekey", "known_hosts"}
-    assert docs[0]["spec"]["console"]["endpoint"].startswith("ssh://demo@127.0.0.1:")
+    assert docs[0]["status"]["console"]["endpoint"].startswith("ssh://demo@127.0.0.1:")
     assert ((demo.dir / "machines.yaml").stat().st_mode & 0o077) == 0
     assert (demo.kubeconfig().stat().st_mode & 0o077) == 0
 

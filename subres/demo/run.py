@@ -98,15 +98,15 @@ def prepare(
 
 def _config(state_dir: Path) -> dict[str, object]:
     running = {".status.phase": ["Running"]}
-    vnc = {"endpoint": ".spec.vnc.endpoint", "require": running}
+    vnc = {"endpoint": ".status.vnc.endpoint", "require": running}
     console = {
-        "endpoint": ".spec.console.endpoint",
+        "endpoint": ".status.console.endpoint",
         "require": running,
-        "ssh": {"credentials": ".spec.console.sshSecret"},
+        "ssh": {"credentials": ".status.console.sshSecret"},
     }
     forward = {
-        "address": ".spec.portForward.address",
-        "ports": ".spec.portForward.ports",
+        "address": ".status.portForward.address",
+        "ports": ".status.portForward.ports",
         "require": running,
     }
     machines = {
@@ -133,7 +133,8 @@ def _machines(state_dir: Path, web_port: int, console: SshShellServer) -> str:
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {
+            "status": {
+                "phase": phase,
                 "console": {
                     "endpoint": f"ssh://demo@{ADDRESS}:{console.port}",
                     "sshSecret": "demo-console",
@@ -141,7 +142,6 @@ def _machines(state_dir: Path, web_port: int, console: SshShellServer) -> str:
                 "vnc": {"endpoint": f"unix://{state_dir / 'vnc.sock'}"},
                 "portForward": {"address": ADDRESS, "ports": [web_port]},
             },
-            "status": {"phase": phase},
         }
 
     key = bytes(console.client_private.export_private_key("openssh")).decode()

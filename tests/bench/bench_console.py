@@ -175,7 +175,10 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
     policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
-    console = {"endpoint": ".spec.console.endpoint", "ssh": {"credentials": ".spec.console.secret"}}
+    console = {
+        "endpoint": ".status.console.endpoint",
+        "ssh": {"credentials": ".status.console.secret"},
+    }
     parent = {
         "resource": "machines",
         "kind": "Machine",
@@ -191,8 +194,7 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"console": console},
-            "status": {"phase": "Running"},
+            "status": {"phase": "Running", "console": console},
         }
 
     endpoint = f"tcp://127.0.0.1:{backend_port}"

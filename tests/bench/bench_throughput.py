@@ -245,16 +245,16 @@ def write_files(root: Path, sink: int, source: int, sshd: OpenSsh | None) -> Fil
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
     policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
     forward = {
-        "address": ".spec.portForward.address",
-        "ports": ".spec.portForward.ports",
-        "ssh": {"credentials": ".spec.portForward.secret", "via": ".spec.portForward.jumpHost"},
+        "address": ".status.portForward.address",
+        "ports": ".status.portForward.ports",
+        "ssh": {"credentials": ".status.portForward.secret", "via": ".status.portForward.jumpHost"},
     }
     parent = {
         "resource": "machines",
         "kind": "Machine",
         "source": {"group": "subres.dev", "version": "v1alpha1"},
         "subresources": {
-            "console": {"endpoint": ".spec.console.endpoint"},
+            "console": {"endpoint": ".status.console.endpoint"},
             "portforward": forward,
         },
     }
@@ -262,13 +262,12 @@ def write_files(root: Path, sink: int, source: int, sshd: OpenSsh | None) -> Fil
         yaml.safe_dump({"endpointPolicy": policy, "parents": [parent]})
     )
 
-    def machine(name: str, spec: dict[str, object]) -> dict[str, object]:
+    def machine(name: str, backends: dict[str, object]) -> dict[str, object]:
         return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": spec,
-            "status": {"phase": "Running"},
+            "status": {"phase": "Running", **backends},
         }
 
     ports = {"address": "127.0.0.1", "ports": [sink, source]}

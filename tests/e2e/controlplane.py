@@ -1,4 +1,4 @@
-"""A real etcd and kube-apiserver on 127.0.0.1 for the end-to-end tests.
+"""A real etcd, kube-apiserver and kube-controller-manager on 127.0.0.1 for the e2e tests.
 
 Owns the life of one throwaway control plane: its flags, the processes
 (started by PID, stopped by PID with SIGTERM then SIGKILL), readiness,
@@ -100,15 +100,18 @@ class Binaries:
     """kube-apiserver."""
     kubectl: Path
     """kubectl, of the same release as kube-apiserver."""
+    kube_controller_manager: Path
+    """kube-controller-manager, of the same release; only its ClusterRole aggregation runs."""
 
 
 def build_binaries() -> Binaries:
-    """Build (or take from the cache) etcd, kube-apiserver and kubectl; raise with go's output."""
+    """Build (or take from the cache) the control plane's programs; raise with go's output."""
     try:
         return Binaries(
             etcd=gotools.build("etcd"),
             kube_apiserver=gotools.build("kube-apiserver"),
             kubectl=gotools.kubectl(),
+            kube_controller_manager=gotools.build("kube-controller-manager"),
         )
     except gotools.GoBuildError as exc:
         raise ControlPlaneError(f"cannot build the control plane:\n{exc}") from exc
@@ -220,6 +223,7 @@ class ControlPlane:
     """Static token users by name."""
     _etcd: Process
     _apiserver: Process
+    _controllers: Process
     _admin_cert: Path
     _admin_key: Path
 
@@ -392,8 +396,9 @@ class ControlPlane:
         await self.start_apiserver()
 
     async def stop(self) -> None:
-        """Stop both processes by PID (apiserver first) and remove the work directory."""
+        """Stop the processes by PID (etcd last) and remove the work directory."""
         try:
+            await self._controllers.stop()
             await self._apiserver.stop()
             await self._etcd.stop()
         finally:
@@ -401,15 +406,15 @@ class ControlPlane:
 
     def failure(self, reason: str) -> ControlPlaneError:
         """An error naming `reason` with the tail of both logs."""
-        return ControlPlaneError(f"{reason}\n{self._apiserver.tail()}\n{self._etcd.tail()}")
+        return ControlPlaneError(f"{reason}\n{self.logs()}")
 
     def apiserver_log(self) -> str:
         """kube-apiserver's whole log so far (every run of it)."""
         return self._apiserver.log.read_text(errors="replace")
 
     def logs(self) -> str:
-        """The tails of both logs, for a failing test's message."""
-        return f"{self._apiserver.tail()}\n{self._etcd.tail()}"
+        """The tails of the logs, for a failing test's message."""
+        return f"{self._apiserver.tail()}\n{self._etcd.tail()}\n{self._controllers.tail()}"
 
     def _ca_only_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.server_ca))
@@ -437,6 +442,7 @@ async def launch(binaries: Binaries) -> ControlPlane:
         plane._etcd.start()
         plane._apiserver.start()
         await plane.wait_ready()
+        plane._controllers.start()
     except BaseException:
         await plane.stop()
         raise
@@ -497,6 +503,11 @@ def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
         ),
         log=workdir / "kube-apiserver.log",
     )
+    controllers = Process(
+        name="kube-controller-manager",
+        args=_controller_manager_args(binaries.kube_controller_manager, admin_kubeconfig),
+        log=workdir / "kube-controller-manager.log",
+    )
     return ControlPlane(
         binaries=binaries,
         workdir=workdir,
@@ -509,6 +520,7 @@ def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
         users={user.name: user for user in credentials.STATIC_USERS},
         _etcd=etcd,
         _apiserver=apiserver,
+        _controllers=controllers,
         _admin_cert=pki.file("admin.crt"),
         _admin_key=pki.file("admin.key"),
     )
@@ -563,6 +575,19 @@ def _apiserver_args(binary: Path, pki: Path, *, etcd_port: int, port: int) -> li
         # ExternalName Services route only through the cluster-IP resolver.
         "--enable-aggregator-routing=false",
         "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _controller_manager_args(binary: Path, kubeconfig: Path) -> list[str]:
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        # Only what a cluster's RBAC needs and nothing here provides otherwise: the
+        # built-in admin, edit and view roles gather the rules labelled for them.
+        "--controllers=clusterrole-aggregation",
+        "--leader-elect=false",
+        "--secure-port=0",
         "--v=1",
     ]
 

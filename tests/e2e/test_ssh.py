@@ -67,6 +67,9 @@ def cluster(
                     "allowCIDRs": ["127.0.0.0/8"],
                     "denyCIDRs": [],
                 },
+                # The endpoint in .spec and the Secret in an annotation, as a user would
+                # set them: that lets editors choose, so it is an explicit opt-in.
+                "endpointsFromSpec": True,
                 "parents": [
                     {
                         "resource": "machines",

@@ -38,7 +38,7 @@ from websockets.typing import Subprotocol
 from subres.demo.vnc import Display, VncServer
 from subres.server import certs
 from tests.e2e import subresserver
-from tests.e2e.controlplane import APIError, ControlPlane, poll, run_sync
+from tests.e2e.controlplane import APIError, ControlPlane, KubectlResult, poll, run_sync
 from tests.e2e.subresserver import GROUP, SERVER_NAME, VERSION, Subres
 from tests.gotools import kubepeer
 from tests.support import Backend
@@ -88,8 +88,14 @@ async def bind(
     check_as: list[str],
     role: str = "subres-machine-user",
     subresource: str = "console",
+    can_i: tuple[str, ...] = (),
 ) -> None:
-    """A RoleBinding in NS to a ClusterRole of deploy/; waits until RBAC applies it."""
+    """A RoleBinding in NS to a ClusterRole; waits until RBAC applies it.
+
+    Applied means `kubectl auth can-i` says yes to `can_i` (by default: get
+    `subresource` of machines in our group).
+    """
+    question = can_i or ("get", f"machines.{GROUP}", f"--subresource={subresource}")
     (
         await plane.kubectl(
             "create", "rolebinding", name, "-n", NS, f"--clusterrole={role}", subject
@@ -97,10 +103,7 @@ async def bind(
     ).check()
 
     async def bound() -> bool:
-        answer = await plane.kubectl(
-            "auth", "can-i", "get", f"machines.{GROUP}", f"--subresource={subresource}",
-            "-n", NS, *check_as,
-        )  # fmt: skip
+        answer = await plane.kubectl("auth", "can-i", *question, "-n", NS, *check_as)
         return answer.stdout.strip() == "yes"
 
     if not await poll(bound, timeout_s=20.0):
@@ -119,27 +122,37 @@ async def put_machine(
     forward: tuple[str, list[int]] | None = None,
     phase: str = "Running",
 ) -> None:
-    """Create or update a Machine with real kubectl, then set its status subresource."""
-    spec: dict[str, Any] = {}
+    """Create or update a Machine with real kubectl, then set its status subresource.
+
+    The backends go in `.status`, where subres reads them, written as a
+    machine controller would: through the status subresource.
+    """
+    status: dict[str, Any] = {"phase": phase}
     if console is not None:
-        spec["console"] = {"endpoint": console}
+        status["console"] = {"endpoint": console}
     if vnc is not None:
-        spec["vnc"] = {"endpoint": vnc}
+        status["vnc"] = {"endpoint": vnc}
     if forward is not None:
-        spec["portForward"] = {"address": forward[0], "ports": forward[1]}
+        status["portForward"] = {"address": forward[0], "ports": forward[1]}
     obj = {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
         "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
+        "spec": {},
     }
     (await plane.kubectl("apply", "-f", "-", stdin=json.dumps(obj))).check()
-    status = json.dumps({"status": {"phase": phase}})
-    (
-        await plane.kubectl(
-            "patch", "machine", name, "-n", NS, "--subresource=status", "--type=merge", "-p", status
-        )
-    ).check()
+    (await set_status(plane, name, status)).check()
+
+
+async def set_status(
+    plane: ControlPlane, name: str, status: dict[str, Any], *, user: str = "admin"
+) -> KubectlResult:
+    """Replace Machine `name`'s status through the status subresource, as `user`."""
+    patch = json.dumps([{"op": "add", "path": "/status", "value": status}])
+    return await plane.kubectl(
+        "patch", "machine", name, "-n", NS, "--subresource=status", "--type=json", "-p", patch,
+        user=user,
+    )  # fmt: skip
 
 
 def machine_path(name: str, sub: str) -> str:
@@ -598,6 +611,88 @@ async def test_machine_changes_reach_subres_within_seconds(
         assert created_s < REFLECT_TIMEOUT_S
     finally:
         await other.stop()
+
+
+# -- trusted endpoints -------------------------------------------------------------------
+
+
+async def test_namespace_editors_cannot_choose_where_subres_dials(
+    control_plane: ControlPlane, subres: Subres, backend: Backend
+) -> None:
+    """bob may edit Machines through the aggregated `edit` role, and tries to aim subres
+    at a listener of his choosing (`wanted`); alice's console must never reach it."""
+    wanted, moved = await Backend().start_tcp(), await Backend().start_tcp()
+    alice = via_apiserver(control_plane, "alice")
+    # The kube-controller-manager's aggregation gives `edit` deploy/'s machines rules.
+    await bind(
+        control_plane,
+        "bob-edits",
+        subject="--user=bob",
+        check_as=["--as=bob"],
+        role="edit",
+        can_i=("patch", "machines.subres.dev"),
+    )
+    try:
+        await put_machine(control_plane, "trusted-1", console=backend.url)
+        await wait_served(alice, "trusted-1")
+        for role in ("edit", "admin"):
+            as_role = ["--as=someone", f"--as-group=probe:{role}"]
+            await bind(
+                control_plane,
+                f"probe-{role}",
+                subject=f"--group=probe:{role}",
+                check_as=as_role,
+                role=role,
+                can_i=("patch", "machines.subres.dev"),
+            )
+            status_write = ("patch", "machines.subres.dev", "--subresource=status", "-n", NS)
+            answer = await control_plane.kubectl("auth", "can-i", *status_write, *as_role)
+            assert answer.stdout.strip() == "no", (role, answer)
+
+        # The status subresource: refused.
+        evil = {"phase": "Running", "console": {"endpoint": wanted.url}}
+        result = await set_status(control_plane, "trusted-1", evil, user="bob")
+        assert result.returncode != 0 and "forbidden" in result.stderr.lower(), result
+        # The main resource: allowed, but .status in it is ignored, and .spec is not read.
+        sneaky = json.dumps({"spec": {"console": {"endpoint": wanted.url}}, "status": evil})
+        edit = ("patch", "machine", "trusted-1", "-n", NS, "--type=merge", "-p", sneaky)
+        (await control_plane.kubectl(*edit, user="bob")).check()
+        stored = (
+            await control_plane.kubectl("get", "machine", "trusted-1", "-n", NS, "-o", "json")
+        ).json()
+        assert stored["spec"]["console"]["endpoint"] == wanted.url
+        assert stored["status"]["console"]["endpoint"] == backend.url
+        # A Machine bob creates carries no status at all: nothing to dial.
+        created = {
+            "apiVersion": "subres.dev/v1alpha1",
+            "kind": "Machine",
+            "metadata": {"name": "bobs-1", "namespace": NS},
+            "spec": {"console": {"endpoint": wanted.url}},
+            "status": evil,
+        }
+        (
+            await control_plane.kubectl("apply", "-f", "-", stdin=json.dumps(created), user="bob")
+        ).check()
+
+        # The controller's next status write comes after bob's edits in the watch:
+        # once sessions follow it, subres has seen everything bob did.
+        await put_machine(control_plane, "trusted-1", console=moved.url)
+
+        async def followed() -> bool:
+            before = moved.accepted
+            await assert_echoes(alice, "trusted-1", size=1024)
+            return moved.accepted > before
+
+        assert await poll(followed, timeout_s=REFLECT_TIMEOUT_S), subres.logs()
+        code, status = await refused(alice, "bobs-1")
+        assert code == 409 and "is not Running" in status["message"], status
+        assert wanted.accepted == 0
+    finally:
+        for binding in ("bob-edits", "probe-edit", "probe-admin"):
+            await control_plane.kubectl("delete", "rolebinding", binding, "-n", NS)
+        await control_plane.kubectl("delete", "machine", "bobs-1", "-n", NS, "--ignore-not-found")
+        await wanted.stop()
+        await moved.stop()
 
 
 # -- client-go peers ---------------------------------------------------------------------

@@ -34,7 +34,7 @@ from tests.support import Standalone, start_standalone, wait_for
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qemu-vm"
 SCRIPT = EXAMPLE / "run-vm.sh"
 # Where machine.yaml's endpoints point, and its forwarded port.
-EXAMPLE_DIR = "/run/subres-vm1"
+EXAMPLE_DIR = "/run/subres/sockets/vm1"
 EXAMPLE_PORT = 8080
 PROMPT = b"vm1# "
 # The kernel's frame buffer console on QEMU's std VGA (video= on its command line).
@@ -57,9 +57,15 @@ def example_machine(state: Path, port: int) -> dict[str, Any]:
     """examples/qemu-vm/machine.yaml with its sockets in `state` and its forward on `port`."""
     text = (EXAMPLE / "machine.yaml").read_text().replace(EXAMPLE_DIR, str(state))
     machine: dict[str, Any] = yaml.safe_load(text)
-    assert machine["spec"]["portForward"]["ports"] == [EXAMPLE_PORT]
-    machine["spec"]["portForward"]["ports"] = [port]
+    assert machine["status"]["portForward"]["ports"] == [EXAMPLE_PORT]
+    machine["status"]["portForward"]["ports"] = [port]
     return machine
+
+
+def example_policy(state: Path) -> dict[str, Any]:
+    """examples/qemu-vm/config.yaml's endpoint policy, with `state` as the socket directory."""
+    config: dict[str, Any] = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    return {**config["endpointPolicy"], "socketDirs": [str(state)]}
 
 
 @contextlib.asynccontextmanager
@@ -141,7 +147,9 @@ async def test_real_vm_console_screenshot_and_port_forward(tmp_path: Path) -> No
     state, port = tmp_path / "vm", free_port()
     async with (
         running_vm(state, port),
-        start_standalone(tmp_path, example_machine(state, port)) as subres,
+        start_standalone(
+            tmp_path, example_machine(state, port), policy=example_policy(state)
+        ) as subres,
         console(subres) as ws,
     ):
         await ws.send(b"\r")

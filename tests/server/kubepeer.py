@@ -29,15 +29,18 @@ def pf_machine(
     name: str, ports: list[int], *, console: str | None = None, phase: str = "Running"
 ) -> dict[str, Any]:
     """A Machine that forwards to 127.0.0.1 and allows `ports` (and has a console if given)."""
-    spec: dict[str, Any] = {"portForward": {"address": "127.0.0.1", "ports": ports}}
+    status: dict[str, Any] = {
+        "phase": phase,
+        "portForward": {"address": "127.0.0.1", "ports": ports},
+    }
     if console is not None:
-        spec["console"] = {"endpoint": console}
+        status["console"] = {"endpoint": console}
     return {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-        "status": {"phase": phase},
+        "spec": {},
+        "status": status,
     }
 
 

@@ -31,8 +31,8 @@ def pf_machine(name: str, ports: list[int], *, phase: str = "Running") -> dict[s
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"portForward": {"address": "127.0.0.1", "ports": ports}},
-        "status": {"phase": phase},
+        "spec": {},
+        "status": {"phase": phase, "portForward": {"address": "127.0.0.1", "ports": ports}},
     }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from cryptography import x509
 
+from subres import config
 from subres.main import main
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -44,6 +45,27 @@ def test_manifests_hold_the_contract() -> None:
     assert (api["group"], api["version"]) == ("subresources.subres.dev", "v1alpha1")
     assert 1 <= api["groupPriorityMinimum"] <= 20000 and 1 <= api["versionPriority"] <= 1000
     assert ("PodDisruptionBudget", "subres") in docs
+
+
+def test_crd_keeps_the_backends_in_status_that_editors_cannot_write() -> None:
+    docs = documents()
+    [version] = docs[("CustomResourceDefinition", "machines.subres.dev")]["spec"]["versions"]
+    assert version["subresources"]["status"] == {}
+    schema = version["schema"]["openAPIV3Schema"]
+    machines = config.Config().parent("machines")
+    assert machines is not None
+    for sub in machines.subresources.values():
+        for path in filter(None, (sub.endpoint, sub.address, sub.ports)):
+            assert path.startswith(".status."), path
+            node = schema
+            for part in path.strip(".").split("."):
+                node = node["properties"][part]  # the CRD would prune an unknown field
+    edit = docs[("ClusterRole", "subres-machines-edit")]
+    labels = edit["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    granted = {r for rule in edit["rules"] for r in rule["resources"]}
+    assert granted == {"machines"}
 
 
 def test_certs_verb_writes_secret_and_cabundle(tmp_path: Path) -> None:

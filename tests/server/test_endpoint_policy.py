@@ -51,7 +51,7 @@ async def refusal(subres: Standalone, name: str, path: str) -> tuple[int, dict[s
 def forward(name: str, address: str, ports: list[Any]) -> dict[str, Any]:
     """A Machine whose port-forward goes to `address`."""
     obj = pf_machine(name, [])
-    obj["spec"]["portForward"] = {"address": address, "ports": ports}
+    obj["status"]["portForward"] = {"address": address, "ports": ports}
     return obj
 
 
@@ -100,7 +100,7 @@ async def test_unparseable_forward_address_is_a_400_status(tmp_path: Path, addre
         for path in ("portforward?ports=22", "portforward/22"):
             status, body = await refusal(subres, "vm", path)
             assert (status, body["kind"], body["code"]) == (400, "Status", 400)
-            assert ".spec.portForward.address" in body["message"]
+            assert ".status.portForward.address" in body["message"]
 
 
 @pytest.mark.parametrize("url", ["tcp://[junk:22", "tcp://127.0.0.1]:1:22", "tcp://h:1/x"])
@@ -119,4 +119,41 @@ async def test_ports_that_are_not_port_numbers_are_refused(
         for path in ("portforward?ports=1", "portforward/1"):
             status, body = await refusal(subres, "vm", path)
             assert status == 400, body
-            assert ".spec.portForward.ports is not a port list" in body["message"]
+            assert ".status.portForward.ports is not a port list" in body["message"]
+
+
+def edited(name: str, *, trusted: str, edited: str) -> dict[str, Any]:
+    """A Machine whose status names `trusted` and whose spec, as an editor set it, `edited`."""
+    obj = machine(name, console=trusted)
+    obj["spec"] = {"console": {"endpoint": edited}, "portForward": {"address": "127.0.0.1"}}
+    return obj
+
+
+async def test_endpoints_come_from_status_not_from_what_editors_write(
+    tmp_path: Path, echo: Backend, denied: Backend
+) -> None:
+    policy = {"allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
+    obj = edited("vm", trusted=echo.url, edited=denied.url)
+    async with (
+        start_standalone(tmp_path, obj, policy=policy) as subres,
+        connect(subres.url("vm"), ssl=subres.client_ssl, additional_headers=subres.auth) as ws,
+    ):
+        await ws.send(b"ping")
+        assert await ws.recv() == b"ping"
+    assert (echo.accepted, denied.accepted) == (1, 0)
+
+
+async def test_spec_endpoints_are_an_explicit_opt_in(
+    tmp_path: Path, echo: Backend, denied: Backend
+) -> None:
+    policy = {"allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
+    obj = edited("vm", trusted=denied.url, edited=echo.url)
+    async with (
+        start_standalone(
+            tmp_path, obj, policy=policy, config={"endpointsFromSpec": True}
+        ) as subres,
+        connect(subres.url("vm"), ssl=subres.client_ssl, additional_headers=subres.auth) as ws,
+    ):
+        await ws.send(b"ping")
+        assert await ws.recv() == b"ping"
+    assert (echo.accepted, denied.accepted) == (1, 0)

@@ -68,7 +68,9 @@ async def subres(
         host("h1", annotations={CONSOLE_ANNOTATION: backend.url}, ports=f"22, {port}"),
         host("h2", annotations={}, ports="22,x"),
         host("..", annotations={}, ports=[]),
-        config={"group": "consoles.metal.example", "version": "v1", "parents": parents(tmp_path)},
+        # The console comes from an annotation, which editors write: an explicit opt-in.
+        config={"group": "consoles.metal.example", "version": "v1", "parents": parents(tmp_path),
+                "endpointsFromSpec": True},
     ) as s:  # fmt: skip
         yield s
 

@@ -145,7 +145,7 @@ async def test_screenshot_leaves_a_live_vnc_session_alone(
     [
         ("nosuch", 404, 'machines.subres.dev "nosuch" not found'),
         ("stopped", 409, '"Stopped"'),
-        ("headless", 400, "has no screenshot (.spec.vnc.endpoint is empty)"),
+        ("headless", 400, "has no screenshot (.status.vnc.endpoint is empty)"),
         ("dead", 503, "cannot connect to tcp://127.0.0.1:1"),
         ("password", 502, "requires authentication (offers VNC Authentication (2))"),
     ],

@@ -36,12 +36,12 @@ STEP = 20.0
 CONSOLE = {
     "endpoint": ".status.console.endpoint",
     "require": {".status.phase": ["Running"]},
-    "ssh": {"credentials": ".spec.console.sshSecret", "hostKey": ".status.console.hostKey"},
+    "ssh": {"credentials": ".status.console.sshSecret", "hostKey": ".status.console.hostKey"},
 }
 PORTFORWARD = {
     "address": ".status.portForward.address",
     "ports": ".status.portForward.ports",
-    "ssh": {"credentials": ".spec.portForward.sshSecret", "via": ".status.portForward.jumpHost"},
+    "ssh": {"credentials": ".status.portForward.sshSecret", "via": ".status.portForward.jumpHost"},
 }
 
 
@@ -68,15 +68,18 @@ def machine(
     name: str, *, console: str = "", secret_name: str = "login", host_key: str = "",
     forward: tuple[str, list[int], str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    status: dict[str, Any] = {"console": {"endpoint": console}}
+    status: dict[str, Any] = {"console": {"endpoint": console, "sshSecret": secret_name}}
     if host_key:
         status["console"]["hostKey"] = host_key
-    spec: dict[str, Any] = {"console": {"sshSecret": secret_name}}
     if forward is not None:
         address, ports, jump = forward
-        status["portForward"] = {"address": address, "ports": ports, "jumpHost": jump}
-        spec["portForward"] = {"sshSecret": secret_name}
-    return support.machine(name, spec=spec, status=status)
+        status["portForward"] = {
+            "address": address,
+            "ports": ports,
+            "jumpHost": jump,
+            "sshSecret": secret_name,
+        }
+    return support.machine(name, status=status)
 
 
 @dataclass

@@ -24,7 +24,7 @@ def vnc_machine(name: str, endpoint: str | None, *, phase: str = "Running") -> d
     """A Machine whose display is at `endpoint`."""
     obj = machine(name, phase=phase)
     if endpoint is not None:
-        obj["spec"]["vnc"] = {"endpoint": endpoint}
+        obj["status"]["vnc"] = {"endpoint": endpoint}
     return obj
 
 
