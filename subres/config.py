@@ -198,7 +198,14 @@ class SessionSpec:
     max_message: int = 1 << 20
     """Largest WebSocket message accepted from a client."""
     screenshot_timeout: float = 10.0
-    """Seconds a VNC server has, once dialed, to deliver a screenshot before 504."""
+    """Seconds a VNC server has, once dialed, to deliver a screenshot before 504; also
+    the longest a screenshot waits for a capture slot (then 429), and the longest
+    its PNG may take to reach the client."""
+    screenshot_max_pixels: int = 4096 * 4096
+    """Largest framebuffer (width * height) captured; a capture holds 3 bytes a pixel."""
+    screenshot_concurrency: int = 2
+    """Screenshots captured at once; more wait for a slot. Peak memory is about this
+    many framebuffers (README: Screenshots)."""
     backend_write_timeout: float = 30.0
     """Seconds a write may wait on a backend that takes no byte before the session ends (1011)."""
     ssh_idle_timeout: float = 60.0
@@ -513,6 +520,8 @@ def _session(data: Any) -> SessionSpec:
         "screenshotTimeout",
         "backendWriteTimeout",
         "sshIdleTimeout",
+        "screenshotMaxPixels",
+        "screenshotConcurrency",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -521,8 +530,8 @@ def _session(data: Any) -> SessionSpec:
         connect_timeout=_positive(
             doc.get("connectTimeout", default.connect_timeout), "connectTimeout"
         ),
-        read_size=int(_positive(doc.get("readSize", default.read_size), "readSize")),
-        max_message=int(_positive(doc.get("maxMessage", default.max_message), "maxMessage")),
+        read_size=_count(doc.get("readSize", default.read_size), "readSize"),
+        max_message=_count(doc.get("maxMessage", default.max_message), "maxMessage"),
         screenshot_timeout=_positive(
             doc.get("screenshotTimeout", default.screenshot_timeout), "screenshotTimeout"
         ),
@@ -532,7 +541,20 @@ def _session(data: Any) -> SessionSpec:
         ssh_idle_timeout=_positive(
             doc.get("sshIdleTimeout", default.ssh_idle_timeout), "sshIdleTimeout"
         ),
+        screenshot_max_pixels=_count(
+            doc.get("screenshotMaxPixels", default.screenshot_max_pixels), "screenshotMaxPixels"
+        ),
+        screenshot_concurrency=_count(
+            doc.get("screenshotConcurrency", default.screenshot_concurrency),
+            "screenshotConcurrency",
+        ),
     )
+
+
+def _count(data: Any, what: str) -> int:
+    if isinstance(data, bool) or not isinstance(data, int) or data <= 0:
+        raise ConfigError(f"{what} must be a positive integer")
+    return data
 
 
 def _mapping(data: Any, what: str, keys: set[str] | None) -> dict[str, Any]:

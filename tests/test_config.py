@@ -57,6 +57,9 @@ def test_full_file() -> None:
     [
         ({"grup": "x"}, "unknown keys ['grup']"),
         ({"session": {"pingInterval": 0}}, "pingInterval must be a positive number"),
+        ({"session": {"screenshotConcurrency": 0}}, "screenshotConcurrency must be a positive"),
+        ({"session": {"screenshotMaxPixels": True}}, "screenshotMaxPixels must be a positive"),
+        ({"session": {"readSize": 1.5}}, "readSize must be a positive integer"),
         ({"endpointPolicy": {"allowCIDRs": ["10.0.0.0/33"]}}, "bad CIDR"),
         (
             {"parents": [{"resource": "x", "kind": "X", "source": {}, "subresources": {}}]},

@@ -5,7 +5,9 @@ security handshake (RFB 3.3, 3.7 and 3.8, security type None), ClientInit
 with the shared flag (a screenshot must not disconnect a live viewer),
 ServerInit, SetPixelFormat to 32-bit true colour, SetEncodings Raw, one
 non-incremental FramebufferUpdateRequest for the whole screen, and the
-rectangles of the answer. Pseudo-encodings a server sends unasked are skipped
+rectangles of the answer, each row stored as 8-bit RGB as it arrives (the
+framebuffer is the only copy of the picture: 3 bytes a pixel, no second
+buffer to convert). Pseudo-encodings a server sends unasked are skipped
 (a desktop resize asks again for the new size). Everything a hostile server
 controls is bounded (`Limits`) and breaking a rule raises `RfbError`.
 
@@ -29,7 +31,6 @@ __all__ = [
     "RfbError",
     "ScreenshotClient",
     "ServerInitialised",
-    "to_rgb",
 ]
 
 SECURITY_NONE = 1
@@ -74,7 +75,7 @@ class Limits:
     """Bounds on what a server may make us hold or do."""
 
     max_pixels: int = 4096 * 4096
-    """Largest framebuffer (width * height) accepted: 64 MiB at 4 bytes a pixel."""
+    """Largest framebuffer (width * height) accepted: 48 MiB held at 3 bytes a pixel."""
     max_text: int = 1 << 20
     """Longest desktop name, failure reason or cut text accepted."""
     max_messages: int = 1024
@@ -125,6 +126,7 @@ class PixelFormat:
 CAPTURE_FORMAT = PixelFormat(32, 24, False, True, 255, 255, 255, 16, 8, 0)
 """What we ask for: little-endian 0x00RRGGBB, i.e. bytes B, G, R, padding."""
 _BYTES_PER_PIXEL = 4
+_RGB = 3
 
 
 @dataclass(frozen=True)
@@ -138,24 +140,23 @@ class ServerInitialised:
 
 @dataclass(frozen=True)
 class FramebufferCaptured:
-    """The whole framebuffer, in `CAPTURE_FORMAT`, row by row."""
+    """The whole framebuffer as packed 8-bit R, G, B, row by row.
+
+    `rgb` is the client's own buffer, handed over (not copied): the client is
+    done with it.
+    """
 
     width: int
     height: int
-    pixels: bytes
+    rgb: bytearray
+
+    def row(self, y: int) -> memoryview:
+        """Row `y`'s RGB bytes, without a copy."""
+        size = self.width * _RGB
+        return memoryview(self.rgb)[y * size : (y + 1) * size]
 
 
 Event = ServerInitialised | FramebufferCaptured
-
-
-def to_rgb(pixels: bytes) -> bytes:
-    """`CAPTURE_FORMAT` pixels as packed 8-bit R, G, B triples."""
-    count = len(pixels) // _BYTES_PER_PIXEL
-    rgb = bytearray(count * 3)
-    rgb[0::3] = pixels[2::4]
-    rgb[1::3] = pixels[1::4]
-    rgb[2::3] = pixels[0::4]
-    return bytes(rgb)
 
 
 @dataclass
@@ -343,7 +344,7 @@ class ScreenshotClient:
                 f"the framebuffer is {width}x{height}, over {self.limits.max_pixels} pixels"
             )
         self._width, self._height = width, height
-        self._framebuffer = bytearray(width * height * _BYTES_PER_PIXEL)
+        self._framebuffer = bytearray(width * height * _RGB)
 
     def _request(self) -> None:
         if self._requests >= self.limits.max_requests:
@@ -453,10 +454,15 @@ class ScreenshotClient:
         rows = min(rect.rows_left, self._available() // row)
         if rows == 0:
             return False
-        stride = self._width * _BYTES_PER_PIXEL
+        stride = self._width * _RGB
+        fb, data = self._framebuffer, self._in
         for _ in range(rows):
-            start = rect.next_row * stride + rect.x * _BYTES_PER_PIXEL
-            self._framebuffer[start : start + row] = self._in[self._pos : self._pos + row]
+            start = rect.next_row * stride + rect.x * _RGB
+            end, pos = start + rect.width * _RGB, self._pos
+            # Wire bytes B, G, R, padding (CAPTURE_FORMAT) to R, G, B in place.
+            fb[start:end:3] = data[pos + 2 : pos + row : 4]
+            fb[start + 1 : end : 3] = data[pos + 1 : pos + row : 4]
+            fb[start + 2 : end : 3] = data[pos : pos + row : 4]
             self._pos += row
             rect.next_row += 1
         rect.rows_left -= rows
@@ -498,9 +504,9 @@ class ScreenshotClient:
             self._request()
             return
         self.phase = Phase.DONE
-        self._events.append(
-            FramebufferCaptured(self._width, self._height, bytes(self._framebuffer))
-        )
+        captured = FramebufferCaptured(self._width, self._height, self._framebuffer)
+        self._framebuffer = bytearray()
+        self._events.append(captured)
 
 
 def _parse_version(data: bytes) -> tuple[int, int]:

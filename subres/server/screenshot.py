@@ -6,14 +6,21 @@ interactive access. Also served at KubeVirt's `…/vnc/screenshot`, whose
 would be input to a display a viewer-only role may not touch). It opens its
 own connection to the VNC server (shared, so a live `vnc` session is neither
 taken over nor disturbed), reads one framebuffer within
-`session.screenshotTimeout`, and encodes it off the event loop. Unreachable
-backend: 503; no framebuffer in time: 504; a server that refuses or breaks
-the protocol: 502.
+`session.screenshotTimeout`, and streams the PNG while encoding it off the
+event loop, a piece at a time. Unreachable backend: 503; no framebuffer in
+time: 504; a server that refuses or breaks the protocol, or a framebuffer over
+`session.screenshotMaxPixels`: 502.
+
+Memory is bounded: a capture holds its framebuffer (3 bytes a pixel) and
+nothing else of that size, and at most `session.screenshotConcurrency`
+captures run at once; the others wait for a slot as long as the timeout
+allows, then get 429.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from aiohttp import web
 
@@ -27,21 +34,64 @@ __all__ = ["handle"]
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
-    """Check, dial, capture, encode."""
+    """Check, wait for a slot, dial, capture, stream the PNG."""
     target = subresource.resolve(state, request, "screenshot")
     url = subresource.endpoint_url(target)
+    session = state.config.session
+    try:
+        async with asyncio.timeout(session.screenshot_timeout):
+            await state.screenshot_slots.acquire()
+    except TimeoutError:
+        raise StatusError(
+            429,
+            f"{target.describe()}: {session.screenshot_concurrency} screenshots are being "
+            "captured; try again shortly",
+            details={"retryAfterSeconds": 1},
+            headers=[("Retry-After", "1")],
+        ) from None
+    try:
+        shot = await _capture(state, target, url)
+        return await _send(request, shot, deadline=session.screenshot_timeout)
+    finally:
+        state.screenshot_slots.release()
+
+
+async def _capture(state: State, target: subresource.Target, url: str) -> rfb.FramebufferCaptured:
+    session = state.config.session
     backend = await subresource.connect(state, target, url)
     try:
-        shot = await vnc.capture(backend, deadline=state.config.session.screenshot_timeout)
+        return await vnc.capture(
+            backend,
+            deadline=session.screenshot_timeout,
+            limits=rfb.Limits(max_pixels=session.screenshot_max_pixels),
+        )
     except vnc.CaptureTimedOut as exc:
         raise StatusError(504, f"{target.describe()}: VNC server {url}: {exc}") from None
     except vnc.CaptureFailed as exc:
         raise StatusError(502, f"{target.describe()}: VNC server {url}: {exc}") from None
     finally:
         await backend.close()
-    body = await asyncio.to_thread(_png, shot)
-    return web.Response(body=body, content_type="image/png", headers={"Cache-Control": "no-store"})
 
 
-def _png(shot: rfb.FramebufferCaptured) -> bytes:
-    return png.encode_rgb(width=shot.width, height=shot.height, rgb=rfb.to_rgb(shot.pixels))
+async def _send(
+    request: web.Request, shot: rfb.FramebufferCaptured, *, deadline: float
+) -> web.StreamResponse:
+    """Encode and send a piece at a time; a client too slow to take it in time is cut off."""
+    response = web.StreamResponse(headers={"Cache-Control": "no-store"})
+    response.content_type = "image/png"
+    await response.prepare(request)
+    pieces = png.stream(width=shot.width, height=shot.height, row=shot.row)
+    try:
+        async with asyncio.timeout(deadline):
+            while piece := await asyncio.to_thread(_next, pieces):
+                await response.write(piece)
+            await response.write_eof()
+    except TimeoutError:
+        # The status line is gone: all that is left to say is an incomplete body.
+        if request.transport is not None:
+            request.transport.abort()
+    return response
+
+
+def _next(pieces: Iterator[bytes]) -> bytes:
+    return next(pieces, b"")

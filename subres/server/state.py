@@ -6,6 +6,7 @@ every file has been read and every component constructed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -59,6 +60,8 @@ class State:
     """The Secrets parents name for SSH credentials (the apiserver, or the standalone file)."""
 
     def __post_init__(self) -> None:
+        self.screenshot_slots = asyncio.Semaphore(self.config.session.screenshot_concurrency)
+        """Captures in progress, each holding a framebuffer: bounded for memory."""
         self.discovery = discovery.build(self.config)
         self.openapi = openapi.build(self.config)
         session = self.config.session

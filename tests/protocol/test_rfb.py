@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import itertools
+import random
 import re
 import struct
+import tracemalloc
 import zlib
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from PIL import Image
 
 from subres.protocol import png, rfb
 from subres.protocol.rfb import (
@@ -47,6 +51,14 @@ def pixels(w: int, h: int, seed: int = 0) -> bytes:
     return bytes((seed + i * 7) % 256 for i in range(w * h * 4))
 
 
+def rgb(wire: bytes) -> bytearray:
+    """`CAPTURE_FORMAT` wire pixels (B, G, R, padding) as packed R, G, B."""
+    out = bytearray()
+    for i in range(0, len(wire), 4):
+        out += bytes((wire[i + 2], wire[i + 1], wire[i]))
+    return out
+
+
 HANDSHAKE_38 = b"RFB 003.008\n" + b"\x02\x02\x01" + b"\x00\x00\x00\x00"
 
 
@@ -64,7 +76,9 @@ def test_rfb_38_handshake_and_capture_byte_for_byte() -> None:
     assert client.data_to_send() == SET_PIXEL_FORMAT + SET_ENCODINGS_RAW + request(2, 2)
     body = pixels(2, 2)
     events = client.receive_data(update(rect((0, 0, 2, 2), 0, body)))
-    assert events == [FramebufferCaptured(2, 2, body)]
+    assert events == [FramebufferCaptured(2, 2, rgb(body))]
+    assert isinstance(events[0], FramebufferCaptured)
+    assert bytes(events[0].row(1)) == rgb(body)[6:]
     assert client.receive_data(b"\x02") == []  # done: later bytes are ignored
 
 
@@ -111,7 +125,7 @@ def test_rectangles_assemble_the_framebuffer_and_pseudo_encodings_are_skipped() 
         )
     )
     expected = left[:8] + right[:8] + left[8:] + right[8:]
-    assert events == [FramebufferCaptured(4, 2, expected)]
+    assert events == [FramebufferCaptured(4, 2, rgb(expected))]
 
 
 def test_desktop_resize_asks_again_for_the_new_size() -> None:
@@ -124,7 +138,7 @@ def test_desktop_resize_asks_again_for_the_new_size() -> None:
     assert client.receive_data(update(extended)) == []
     assert client.data_to_send() == request(1, 1)
     events = client.receive_data(update(rect((0, 0, 1, 1), 0, b"\x01\x02\x03\x00")))
-    assert events == [FramebufferCaptured(1, 1, b"\x01\x02\x03\x00")]
+    assert events == [FramebufferCaptured(1, 1, bytearray(b"\x03\x02\x01"))]
 
 
 def conversation(width: int, height: int) -> tuple[bytes, bytes]:
@@ -147,7 +161,7 @@ def test_any_chunking_gives_the_same_framebuffer(cuts: list[int]) -> None:
     bounds = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
     for start, end in itertools.pairwise(bounds):
         events += client.receive_data(data[start:end])
-    assert events[-1] == FramebufferCaptured(7, 5, body)
+    assert events[-1] == FramebufferCaptured(7, 5, rgb(body))
 
 
 @pytest.mark.parametrize(
@@ -198,14 +212,9 @@ def test_endless_chatter_and_resizes_are_bounded() -> None:
         client.receive_data(update(rect((0, 0, 2, 2), rfb.DESKTOP_SIZE)) * 4)
 
 
-def test_to_rgb_reorders_little_endian_pixels() -> None:
-    assert rfb.to_rgb(b"\x03\x02\x01\x00\x30\x20\x10\xff") == b"\x01\x02\x03\x10\x20\x30"
-
-
-def test_png_layout() -> None:
-    rgb = bytes(range(2 * 3 * 3))
-    data = png.encode_rgb(width=3, height=2, rgb=rgb)
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+def chunks_of(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The chunks of a PNG file, each CRC checked."""
+    assert data[:8] == png.SIGNATURE
     chunks = []
     pos = 8
     while pos < len(data):
@@ -215,8 +224,56 @@ def test_png_layout() -> None:
         assert crc == zlib.crc32(kind + body)
         chunks.append((kind, body))
         pos += 12 + length
+    return chunks
+
+
+def test_png_layout() -> None:
+    image = bytes(range(2 * 3 * 3))
+    data = b"".join(png.stream(width=3, height=2, row=lambda y: image[y * 9 : y * 9 + 9]))
+    chunks = chunks_of(data)
     assert [k for k, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
     assert chunks[0][1] == struct.pack(">IIBBBBB", 3, 2, 8, 2, 0, 0, 0)
-    assert zlib.decompress(chunks[1][1]) == b"\x00" + rgb[:9] + b"\x00" + rgb[9:]
-    with pytest.raises(ValueError, match="not a 3x3"):
-        png.encode_rgb(width=3, height=3, rgb=rgb)
+    assert zlib.decompress(chunks[1][1]) == b"\x00" + image[:9] + b"\x00" + image[9:]
+    with pytest.raises(ValueError, match="row 0 has 2 bytes, not 9"):
+        list(png.stream(width=3, height=1, row=lambda y: b"ab"))
+    with pytest.raises(ValueError, match="cannot be 0x1"):
+        list(png.stream(width=0, height=1, row=lambda y: b""))
+
+
+def test_png_streams_in_pieces_that_decode_to_the_image() -> None:
+    # Incompressible rows: the IDAT data is split into many chunks as it is made.
+    width, height = 600, 400
+    image = random.Random(7).randbytes(width * height * 3)
+    pieces = list(
+        png.stream(width=width, height=height, row=lambda y: image[y * 1800 : (y + 1) * 1800])
+    )
+    assert len(pieces) > 5 and max(len(p) for p in pieces) < png.CHUNK + 4096
+    data = b"".join(pieces)
+    kinds = [k for k, _ in chunks_of(data)]
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and kinds.count(b"IDAT") > 5
+    with Image.open(io.BytesIO(data)) as decoded:
+        assert decoded.size == (width, height) and decoded.tobytes() == image
+
+
+def test_capture_and_png_hold_one_framebuffer_at_most() -> None:
+    """Peak Python memory of capturing and encoding a 2048x2048 screen is its RGB
+    framebuffer (12 MiB) plus small change, however the wire bytes arrive."""
+    width, height = 2048, 2048
+    wire_row = bytes(range(256)) * (width * 4 // 256)
+    head = HANDSHAKE_38 + server_init(width, height)
+    head += update(rect((0, 0, width, height), 0))
+    framebuffer = width * height * 3
+    client = ScreenshotClient()
+    tracemalloc.start()
+    try:
+        events = client.receive_data(head)
+        for _ in range(height // 16):
+            events += client.receive_data(wire_row * 16)  # 128 KiB reads
+        [_, shot] = events
+        assert isinstance(shot, FramebufferCaptured)
+        size = sum(len(p) for p in png.stream(width=width, height=height, row=shot.row))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert size > 0
+    assert peak < framebuffer + (2 << 20), f"peak {peak / 2**20:.1f} MiB"

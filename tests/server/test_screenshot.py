@@ -123,7 +123,7 @@ async def test_screenshot_of_the_demo_display_is_its_framebuffer(
     assert size == (display.display.width, display.display.height)
     assert rgb == bytes(display.display.rgb)
     direct = await direct_capture(display.path)
-    assert rgb == rfb.to_rgb(direct.pixels)
+    assert rgb == direct.rgb
 
 
 async def test_screenshot_leaves_a_live_vnc_session_alone(
@@ -259,7 +259,7 @@ async def test_screenshot_of_tigervnc_matches_xwd(tmp_path: Path) -> None:
     assert size == expected_size == (320, 240)
     assert {rgb[i : i + 3] for i in range(0, len(rgb), 3)} == {b"\xff\x80\x00", b"\x00\x40\xc0"}
     assert rgb == expected
-    assert rgb == rfb.to_rgb(direct.pixels)
+    assert rgb == direct.rgb
 
 
 async def test_screenshots_leave_nothing_behind(
@@ -271,3 +271,78 @@ async def test_screenshots_leave_nothing_behind(
     for backend in backends.values():
         await backend.wait_open(0)
     await wait_for(lambda: len(asyncio.all_tasks()) <= tasks and open_fds() <= fds)
+
+
+async def test_captures_beyond_the_limit_wait_then_get_429_without_a_dial(
+    tmp_path: Path, backends: dict[str, Backend], display: VncServer
+) -> None:
+    async with start_standalone(
+        tmp_path,
+        vnc_machine("demo", f"unix://{display.path}"),
+        vnc_machine("silent", backends["silent"].url),
+        session={"screenshotTimeout": DEADLINE, "screenshotConcurrency": 1},
+    ) as subres:
+        slots = subres.server.state.screenshot_slots
+        await slots.acquire()  # a capture in progress holds the only slot
+        try:
+            status, _, body = await get(subres, "silent")
+        finally:
+            slots.release()
+        assert status == 429
+        refusal = json.loads(body)
+        assert (refusal["reason"], refusal["details"]["retryAfterSeconds"]) == (
+            "TooManyRequests",
+            1,
+        )
+        assert "1 screenshots are being captured" in refusal["message"]
+        assert backends["silent"].accepted == 0
+        assert (await get(subres, "demo"))[0] == 200
+
+
+async def test_concurrent_screenshots_never_exceed_the_configured_captures(
+    tmp_path: Path, display: VncServer
+) -> None:
+    most = 0
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal most
+        most = max(most, relayed.open)
+        up_reader, up_writer = await asyncio.open_unix_connection(str(display.path))
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        try:
+            await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+        finally:
+            up_writer.close()
+
+    relayed = await Backend(handler=relay).start_tcp()
+    try:
+        async with start_standalone(
+            tmp_path,
+            vnc_machine("demo", relayed.url),
+            session={"screenshotConcurrency": 2},
+        ) as subres:
+            results = await asyncio.gather(*(get(subres, "demo") for _ in range(6)))
+    finally:
+        await relayed.stop()
+    assert [status for status, _, _ in results] == [200] * 6
+    assert relayed.accepted == 6
+    assert 1 <= most <= 2
+
+
+async def test_framebuffers_over_the_pixel_cap_are_refused(
+    tmp_path: Path, display: VncServer
+) -> None:
+    async with start_standalone(
+        tmp_path,
+        vnc_machine("demo", f"unix://{display.path}"),
+        session={"screenshotMaxPixels": 640 * 400 - 1},
+    ) as subres:
+        status, _, body = await get(subres, "demo")
+    assert status == 502
+    assert "the framebuffer is 640x400, over 255999 pixels" in json.loads(body)["message"]
