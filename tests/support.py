@@ -23,7 +23,7 @@ import websockets
 import yaml
 from websockets.asyncio.client import connect
 
-from subres.server import certs
+from subres.server import certs, connections
 from subres.server.options import Options
 from subres.server.run import Server, complete
 
@@ -251,6 +251,7 @@ async def start_standalone(
     session: dict[str, Any] | None = None,
     policy: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    limits: connections.Limits | None = None,
 ) -> AsyncIterator[Standalone]:
     """Start a standalone server with `objects`; stop it afterwards.
 
@@ -258,6 +259,8 @@ async def start_standalone(
     default policy denies, because the tests' backends listen there, and `tmp`'s
     sockets. `config` replaces top-level keys of the test configuration (a 2 s
     connect timeout), e.g. `group`, `version` and `parents` of a profile.
+    `limits` replaces the connection timeouts and cap (`--tls-handshake-timeout` and the
+    like).
     """
     token = "test-token-" + os.urandom(8).hex()
     (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
@@ -285,6 +288,7 @@ async def start_standalone(
         service_namespace="subres-system",
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
         shutdown_grace=1.0,
+        connections=limits or connections.Limits(),
     )
     server = complete(options)
     await server.start()

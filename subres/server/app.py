@@ -57,7 +57,10 @@ Handler = Callable[[State, web.Request], Awaitable[web.StreamResponse]]
 def build(state: State) -> web.Application:
     """The application serving `state`."""
     app = web.Application(
-        middlewares=[middleware.errors, middleware.identity(state)],
+        middlewares=state.connections.around(
+            [middleware.errors, middleware.identity(state)],
+            authenticated=middleware.authenticated,
+        ),
         client_max_size=1 << 20,
         handler_args={"max_field_size": 16384},
     )

@@ -23,7 +23,7 @@ from subres.server.handshake import offered_subprotocols
 from subres.server.state import State
 from subres.server.tls import peer_certificate
 
-__all__ = ["USER", "errors", "identity", "status_response"]
+__all__ = ["USER", "authenticated", "errors", "identity", "status_response"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,12 @@ async def _admit(state: State, request: web.Request) -> UserInfo:
             raise StatusError(401, "Unauthorized")
         raise StatusError(403, _forbidden(user.name, attrs), details=_details(attrs))
     return user
+
+
+def authenticated(request: web.Request) -> bool:
+    """Whether `identity` let this request through as someone other than anonymous."""
+    user = request.get(USER)
+    return user is not None and not user.anonymous
 
 
 def _credentials(request: web.Request) -> Credentials:

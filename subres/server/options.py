@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from subres.server import connections
 
 __all__ = ["Options", "add_arguments", "add_operator_arguments", "duration"]
 
@@ -34,6 +36,9 @@ class Options:
     service_namespace: str
     authorization_always_allow_paths: tuple[str, ...]
     shutdown_grace: float
+    connections: connections.Limits = field(default_factory=connections.Limits)
+    """`--tls-handshake-timeout`, `--request-header-timeout`, `--idle-timeout`,
+    `--max-unauthenticated-connections`."""
     kubeconfig: Path | None = None
     """Cluster mode: kubeconfig of the main apiserver; None means in-cluster."""
     authentication_kubeconfig: Path | None = None
@@ -84,6 +89,12 @@ class Options:
                 p for p in ns.authorization_always_allow_paths.split(",") if p
             ),
             shutdown_grace=ns.shutdown_grace,
+            connections=connections.Limits(
+                tls_handshake_timeout=ns.tls_handshake_timeout,
+                request_header_timeout=ns.request_header_timeout,
+                idle_timeout=ns.idle_timeout,
+                max_unauthenticated=ns.max_unauthenticated_connections,
+            ),
             kubeconfig=ns.kubeconfig,
             authentication_kubeconfig=ns.authentication_kubeconfig,
             authorization_kubeconfig=ns.authorization_kubeconfig,
@@ -112,6 +123,16 @@ class Options:
             problems.append("--tls-cert-file and --tls-private-key-file go together")
         if self.shutdown_grace < 0:
             problems.append("--shutdown-grace must not be negative")
+        limits = self.connections
+        for flag, seconds in (
+            ("--tls-handshake-timeout", limits.tls_handshake_timeout),
+            ("--request-header-timeout", limits.request_header_timeout),
+            ("--idle-timeout", limits.idle_timeout),
+        ):
+            if seconds <= 0:
+                problems.append(f"{flag} must be positive")
+        if limits.max_unauthenticated < 1:
+            problems.append("--max-unauthenticated-connections must be at least 1")
         problems += self._mode_problems()
         for flag, ttl in (
             (
@@ -187,6 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds live sessions get to close on SIGTERM",
     )
+    _add_connection_arguments(parser)
     add_operator_arguments(parser)
 
 
@@ -200,6 +222,38 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("text", "json"),
         default="text",
         help="text (default), or json: one object per line as Kubernetes components write it",
+    )
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Timeouts and the cap of every connection, as Go's http.Server has them."""
+    add = parser.add_argument
+    default = connections.Limits()
+    add(
+        "--tls-handshake-timeout",
+        type=duration,
+        default=default.tls_handshake_timeout,
+        help="time a client has to finish the TLS handshake (default 10s)",
+    )
+    add(
+        "--request-header-timeout",
+        type=duration,
+        default=default.request_header_timeout,
+        help="time a client has to send a whole request head, from the handshake or the "
+        "first byte of a keep-alive request; slowloris protection (default 32s)",
+    )
+    add(
+        "--idle-timeout",
+        type=duration,
+        default=default.idle_timeout,
+        help="time a keep-alive connection may wait for its next request (default 90s)",
+    )
+    add(
+        "--max-unauthenticated-connections",
+        type=int,
+        default=default.max_unauthenticated,
+        help="connections kept before a request on them authenticates; beyond it the "
+        "oldest is closed (default 1000)",
     )
 
 

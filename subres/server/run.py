@@ -28,7 +28,7 @@ from subres.kube.informer import InformerSettings
 from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import certs, cluster
+from subres.server import certs, cluster, connections
 from subres.server.options import Options
 from subres.server.state import State
 from subres.server.tls import ReloadingTLS
@@ -96,10 +96,11 @@ class Server:
             access_log=logging.getLogger("aiohttp.access") if self.options.access_log else None,
         )
         await self.runner.setup()
-        site = web.TCPSite(
+        site = connections.GuardedSite(
             self.runner,
-            self.options.bind_address,
-            self.options.secure_port,
+            self.state.connections,
+            host=self.options.bind_address,
+            port=self.options.secure_port,
             ssl_context=self.tls.context,
             backlog=1024,
         )
@@ -155,6 +156,7 @@ def complete(options: Options) -> Server:
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
         tls_ready=tls.ready,
         secrets=CachedSecrets(secrets),
+        connections=connections.Guard(options.connections),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 
@@ -179,6 +181,7 @@ async def complete_cluster(
         authenticator=parts.authenticator,
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
+        connections=connections.Guard(options.connections),
         readiness={"authentication-config": lambda: parts.auth.ready},
         secrets=ApiSecrets(parts.apis[0]),
     )

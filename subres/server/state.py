@@ -20,6 +20,7 @@ from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.kube.secrets import NoSecrets, Secrets
 from subres.server import discovery, openapi
+from subres.server.connections import Guard
 from subres.server.metrics import Metrics
 from subres.streams.sessions import Sessions
 
@@ -58,6 +59,8 @@ class State:
     metrics: Metrics = field(default_factory=Metrics)
     secrets: Secrets = field(default_factory=NoSecrets)
     """The Secrets parents name for SSH credentials (the apiserver, or the standalone file)."""
+    connections: Guard = field(default_factory=Guard)
+    """Times every connection and caps the unauthenticated ones."""
 
     def __post_init__(self) -> None:
         self.screenshot_slots = asyncio.Semaphore(self.config.session.screenshot_concurrency)
