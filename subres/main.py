@@ -163,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     top = _top_level(args)
     verb = str(top.verb)
     ns = parser(only=verb).parse_args(args)
+    if argv is None and verb == "serve":
+        from subres.server.reclaim import use_system_malloc
+
+        use_system_malloc()
     if verb not in _CLIENT and (problem := _server_verb_problem(top, ns)):
         print(f"subres {verb}: {problem}", file=sys.stderr)
         return 2

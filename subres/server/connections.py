@@ -72,7 +72,13 @@ class Guard:
         self.limits = limits
         self.reaped: Counter[str] = Counter()
         """Connections closed by a timer or the cap, by reason."""
+        self.on_level: Callable[[str, int], None] | None = None
+        """Told how many `connections` are open after one closes, and how many
+        `handshakes` are in progress after one ends (memory reclaim hooks here)."""
         self._open: dict[asyncio.BaseTransport, _Guarded] = {}
+        # asyncio says nothing of a handshake that fails: one not finished by its
+        # deadline (the handshake timeout, enforced by asyncio) has ended anyway.
+        self._handshaking: dict[_Guarded, asyncio.TimerHandle] = {}
         # Insertion-ordered: the first is the oldest, closed first beyond the cap.
         self._unauthenticated: dict[_Guarded, None] = {}
 
@@ -82,13 +88,31 @@ class Guard:
         return len(self._open)
 
     @property
+    def handshaking(self) -> int:
+        """Connections accepted whose TLS handshake has neither finished nor timed out."""
+        return len(self._handshaking)
+
+    @property
     def unauthenticated(self) -> int:
         """Of those, the ones no request has authenticated yet."""
         return len(self._unauthenticated)
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """A protocol factory whose connections this guard times."""
-        return lambda: _Guarded(self, factory())
+        return lambda: self._accepted(_Guarded(self, factory()))
+
+    def _accepted(self, guarded: _Guarded) -> _Guarded:
+        loop = asyncio.get_running_loop()
+        # A little past asyncio's own deadline, so the handshake has surely ended.
+        deadline = self.limits.tls_handshake_timeout + 1.0
+        self._handshaking[guarded] = loop.call_later(deadline, self._handshook, guarded)
+        return guarded
+
+    def _handshook(self, guarded: _Guarded) -> None:
+        timer = self._handshaking.pop(guarded, None)
+        if timer is not None:
+            timer.cancel()
+            self._tell("handshakes", len(self._handshaking))
 
     def around(
         self, middlewares: list[Middleware], *, authenticated: Callable[[web.Request], bool]
@@ -120,7 +144,12 @@ class Guard:
         finally:
             guarded.enter(Phase.IDLE)
 
+    def _tell(self, what: str, level: int) -> None:
+        if self.on_level is not None:
+            self.on_level(what, level)
+
     def _admit(self, guarded: _Guarded, transport: asyncio.BaseTransport) -> None:
+        self._handshook(guarded)
         while len(self._unauthenticated) >= self.limits.max_unauthenticated:
             oldest = next(iter(self._unauthenticated))
             oldest.reap("evicted")
@@ -128,12 +157,16 @@ class Guard:
         self._unauthenticated[guarded] = None
 
     def _forget(self, guarded: _Guarded, transport: asyncio.BaseTransport) -> None:
-        self._open.pop(transport, None)
+        if self._open.pop(transport, None) is not None:
+            self._tell("connections", len(self._open))
         self._unauthenticated.pop(guarded, None)
 
 
 class _Guarded(asyncio.Protocol):
     """aiohttp's protocol for one connection, with this connection's timer around it."""
+
+    # One per connection: no instance dict.
+    __slots__ = ("_guard", "_inner", "_lost", "_phase", "_timer", "_transport")
 
     def __init__(self, guard: Guard, inner: asyncio.Protocol) -> None:
         self._guard = guard
@@ -141,6 +174,7 @@ class _Guarded(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._phase = Phase.HEAD
         self._timer: asyncio.TimerHandle | None = None
+        self._lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -159,6 +193,7 @@ class _Guarded(asyncio.Protocol):
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self._cancel()
         if self._transport is not None:
             self._guard._forget(self, self._transport)
@@ -190,6 +225,10 @@ class _Guarded(asyncio.Protocol):
 
     def _arm(self, timeout: float) -> None:
         self._cancel()
+        if self._lost:
+            # A handler cancelled by the lost connection ends after it: a timer now
+            # would keep the dead connection's objects alive until it fired.
+            return
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(timeout, self._expired)
 

@@ -107,6 +107,7 @@ class Server:
         await site.start()
         self.port = int(self.runner.addresses[0][1])
         self._watcher = asyncio.create_task(self._watch())
+        self.state.reclaimer.start()
         log.info("serving on https://%s:%d", self.options.bind_address, self.port)
         return self.port
 
@@ -117,6 +118,7 @@ class Server:
             await asyncio.wait([self._watcher])
         if self.runner is not None:
             await self.runner.cleanup()
+        await self.state.reclaimer.stop()
         if self.background is not None:
             await self.background.stop()
 

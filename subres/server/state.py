@@ -22,6 +22,7 @@ from subres.kube.secrets import NoSecrets, Secrets
 from subres.server import discovery, openapi
 from subres.server.connections import Guard
 from subres.server.metrics import Metrics
+from subres.server.reclaim import Reclaimer
 from subres.streams.sessions import Sessions
 
 __all__ = ["Authenticator", "Authorizer", "State"]
@@ -61,8 +62,12 @@ class State:
     """The Secrets parents name for SSH credentials (the apiserver, or the standalone file)."""
     connections: Guard = field(default_factory=Guard)
     """Times every connection and caps the unauthenticated ones."""
+    reclaimer: Reclaimer = field(default_factory=Reclaimer)
+    """Gives memory back when sessions or connections drain."""
 
     def __post_init__(self) -> None:
+        self.sessions.on_ended = lambda live: self.reclaimer.level("sessions", live)
+        self.connections.on_level = self.reclaimer.level
         self.screenshot_slots = asyncio.Semaphore(self.config.session.screenshot_concurrency)
         """Captures in progress, each holding a framebuffer: bounded for memory."""
         self.discovery = discovery.build(self.config)

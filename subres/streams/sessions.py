@@ -8,6 +8,7 @@ session is told the server is going away.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +42,8 @@ class Sessions:
 
     exclusive: dict[SessionKey, Closable] = field(default_factory=dict)
     live: set[Closable] = field(default_factory=set)
+    on_ended: Callable[[int], None] | None = None
+    """Told how many sessions are still live after one ends (memory reclaim hooks here)."""
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __len__(self) -> int:
@@ -72,6 +75,8 @@ class Sessions:
         self.live.discard(session)
         if key is not None and self.exclusive.get(key) is session:
             del self.exclusive[key]
+        if self.on_ended is not None:
+            self.on_ended(len(self.live))
 
     async def close_all(self, reason: str) -> None:
         """Tell every live client the server is going away."""

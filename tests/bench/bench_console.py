@@ -13,6 +13,8 @@ It prints markdown tables:
 3. Server memory per idle console session (RSS, PSS and anonymous memory of
    the server process, after minus before, divided by the sessions), and the
    server CPU seconds spent opening them.
+4. Server memory over repeated bursts of idle sessions: RSS open and shortly
+   after they close, per cycle, against the baseline (`cycles.py`).
 
 Everything runs on 127.0.0.1 in separate processes: the echo backend, the
 server (`python -m subres serve`, or the `serve_variant` harness), and, for
@@ -46,7 +48,7 @@ import asyncssh
 import yaml
 
 from subres.server import certs
-from tests.bench import memory
+from tests.bench import cycles, memory
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
 from tests.bench.procs import Child, build_loadgen, cpu_seconds, spawn
 
@@ -81,11 +83,13 @@ class Settings:
     """Extra environment for the memory phase's server, e.g. glibc malloc tunables."""
     budget: float
     """Seconds the whole run may take before it is cut short."""
+    cycles: int
+    cycle_sessions: int
 
     @property
     def machines(self) -> int:
         """Machines the standalone file defines: one per concurrent session."""
-        return max((*self.idle, self.concurrency + 2))
+        return max((*self.idle, self.concurrency + 2, self.cycle_sessions))
 
 
 def parse(argv: Sequence[str] | None) -> Settings:
@@ -98,8 +102,12 @@ def parse(argv: Sequence[str] | None) -> Settings:
     p.add_argument("--concurrency", type=int, default=16, help="concurrent opens in rate test")
     p.add_argument("--idle", help="idle session counts, comma-separated (1000,5000; quick 300)")
     p.add_argument(
-        "--phases", default="latency,rate,memory", help="which of latency,rate,memory to run"
+        "--phases",
+        default="latency,rate,memory,cycles",
+        help="which of latency,rate,memory,cycles to run",
     )
+    p.add_argument("--cycles", type=int, default=6, help="bursts in the cycles phase")
+    p.add_argument("--cycle-sessions", type=int, help="idle sessions per burst (3000; quick 200)")
     p.add_argument(
         "--variant",
         choices=("serve", "tls", "plain"),
@@ -138,7 +146,9 @@ def parse(argv: Sequence[str] | None) -> Settings:
         tracemalloc=ns.tracemalloc,
         shared_ssl_buffer=ns.shared_ssl_buffer,
         server_env=dict(kv.split("=", 1) for kv in ns.server_env),
-        budget=100.0 if ns.quick else 600.0,
+        budget=150.0 if ns.quick else 1200.0,
+        cycles=ns.cycles,
+        cycle_sessions=ns.cycle_sessions or (200 if ns.quick else 3000),
     )
 
 
@@ -533,6 +543,12 @@ async def run_phases(settings: Settings, files: Files, backend_port: int, ssh: S
             aiohttp.ClientSession() as http,
         ):
             emit(await memory.idle_table(server, http, files.root, settings))
+    if "cycles" in settings.phases:
+        async with (
+            running_server(files, settings.variant, settings, memory_phase=True) as server,
+            aiohttp.ClientSession() as http,
+        ):
+            emit(await cycles.cycles_table(server, http, settings))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,11 +8,13 @@ TABLE_TITLES = (
     "### Console echo round trip",
     "### Console sessions opened and closed per second",
     "### Server memory per idle console session",
+    "### Server memory over 2 bursts of 50 idle console sessions",
 )
 
 
 def test_bench_console_prints_its_tables() -> None:
     args = ["--quick", "--sessions", "20", "--roundtrips", "50", "--idle", "50"]
+    args += ["--cycles", "2", "--cycle-sessions", "50"]
     out = run_bench("tests.bench.bench_console", *args, timeout=180)
     assert "python -m tests.bench.bench_console --quick" in out
     for title in TABLE_TITLES:
@@ -20,5 +22,6 @@ def test_bench_console_prints_its_tables() -> None:
     assert "| subres, WebSocket+TLS, `v5.channel.k8s.io` |" in out
     assert "| SSH client straight to the SSH echo server |" in out
     assert "console on the SSH echo server (`ssh://`) |" in out
-    # Every measured row is present: five paths, two concurrencies, one idle level.
-    assert out.count("\n| ") >= 5 + 2 + 1 + 3
+    # Every measured row is present: five paths, two concurrencies, one idle level, two
+    # cycles (and a header row per table).
+    assert out.count("\n| ") >= 5 + 2 + 1 + 2 + 4

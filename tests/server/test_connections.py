@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiohttp.web_protocol import RequestHandler
 from websockets.asyncio.client import connect
 
 from subres.server.connections import Limits
@@ -104,10 +106,16 @@ async def test_a_thousand_connections_that_never_start_tls_are_reaped(
     subres: Standalone,
 ) -> None:
     fds = open_fds()
+    reclaimer = subres.server.state.reclaimer
+    runs = reclaimer.runs
     await run_clients(subres, no_handshake)
     guard = subres.server.state.connections
     assert guard.open == 0 and sum(guard.reaped.values()) == 0  # never got past TLS
     await wait_for(lambda: open_fds() <= fds)
+    # Nothing tells asyncio's caller of a failed handshake; the guard still knows when
+    # they have all ended, and the memory they held is reclaimed.
+    await wait_for(lambda: guard.handshaking == 0)
+    await wait_for(lambda: reclaimer.runs > runs)
 
 
 async def test_beyond_the_cap_the_oldest_unauthenticated_connection_goes(
@@ -152,3 +160,25 @@ def test_flags_and_their_defaults() -> None:
         "--idle-timeout must be positive",
         "--max-unauthenticated-connections must be at least 1",
     ]
+
+
+async def test_vanished_clients_leave_no_connection_objects_behind(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """A handler cancelled by a lost connection ends after it: no timer (here the
+    default 90 s idle one) may then keep the dead connection's objects alive."""
+
+    def handlers() -> int:
+        gc.collect()
+        return sum(isinstance(o, RequestHandler) for o in gc.get_objects())
+
+    before = handlers()
+    async with start_standalone(tmp_path, machine("vm1", console=backend.url)) as subres:
+        for _ in range(20):
+            ws = await subres.websocket(subres.url("vm1")).__aenter__()
+            await ws.send(b"x")
+            assert await ws.recv() == b"x"
+            ws.transport.abort()  # the client vanishes without a close frame
+            await backend.wait_open(0)
+        await wait_for(lambda: subres.server.state.connections.open == 0)
+        await wait_for(lambda: handlers() <= before)
