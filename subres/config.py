@@ -8,6 +8,7 @@ parses YAML itself.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,8 +300,8 @@ def parse(data: Any) -> Config:
     from_spec = _bool(doc.get("endpointsFromSpec", False), "endpointsFromSpec")
     parents = doc.get("parents")
     cfg = Config(
-        group=_str(doc.get("group", default.group), "group"),
-        version=_str(doc.get("version", default.version), "version"),
+        group=_name(doc.get("group", default.group), "group", _SUBDOMAIN),
+        version=_name(doc.get("version", default.version), "version", _LABEL),
         parents=tuple(_parent(p) for p in _list(parents, "parents"))
         if parents is not None
         else (_default_parent(".spec" if from_spec else ".status"),),
@@ -309,6 +310,9 @@ def parse(data: Any) -> Config:
         server_version=_server_version(doc.get("serverVersion", {})),
         endpoints_from_spec=from_spec,
     )
+    resources = [p.resource for p in cfg.parents]
+    if not resources or len(set(resources)) != len(resources):
+        raise ConfigError("parents must name at least one resource, each once")
     for parent in cfg.parents:
         if parent.instance is not None and cfg.parent(parent.instance.resource) in (None, parent):
             raise ConfigError(
@@ -358,16 +362,18 @@ def _fields_of(text: str) -> list[str]:
 def _parent(data: Any) -> ParentSpec:
     keys = {"resource", "singular", "kind", "source", "subresources", "instance"}
     doc = _mapping(data, "parent", keys)
-    resource = _str(doc.get("resource"), "parent.resource")
+    resource = _name(doc.get("resource"), "parent.resource", _LABEL)
     source = _mapping(doc.get("source"), f"{resource}.source", {"group", "version", "resource"})
     subs = _mapping(doc.get("subresources"), f"{resource}.subresources", set(SUBRESOURCES))
     return ParentSpec(
         resource=resource,
-        singular=_str(doc.get("singular", resource.rstrip("s")), f"{resource}.singular"),
-        kind=_str(doc.get("kind"), f"{resource}.kind"),
-        group=_str(source.get("group"), f"{resource}.source.group"),
-        version=_str(source.get("version"), f"{resource}.source.version"),
-        crd_resource=_str(source.get("resource", resource), f"{resource}.source.resource"),
+        singular=_name(doc.get("singular", resource.rstrip("s")), f"{resource}.singular", _LABEL),
+        kind=_name(doc.get("kind"), f"{resource}.kind", _KIND),
+        group=_name(source.get("group"), f"{resource}.source.group", _SUBDOMAIN),
+        version=_name(source.get("version"), f"{resource}.source.version", _LABEL),
+        crd_resource=_name(
+            source.get("resource", resource), f"{resource}.source.resource", _LABEL
+        ),
         subresources={name: _subresource(name, spec) for name, spec in subs.items()},
         instance=_instance(doc["instance"], f"{resource}.instance") if "instance" in doc else None,
     )
@@ -576,6 +582,20 @@ def _str(data: Any, what: str) -> str:
     if not isinstance(data, str):
         raise ConfigError(f"{what} must be a string")
     return data
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_LABEL = re.compile(_DNS_LABEL)
+_SUBDOMAIN = re.compile(rf"(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*")
+_KIND = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
+
+
+def _name(data: Any, what: str, pattern: re.Pattern[str]) -> str:
+    """A name that goes into API paths: a DNS label or subdomain, or a kind."""
+    text = _str(data, what)
+    if not pattern.fullmatch(text):
+        raise ConfigError(f"{what}: {text[:64]!r} is not a valid name here")
+    return text
 
 
 def _bool(data: Any, what: str) -> bool:

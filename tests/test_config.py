@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from subres import config
@@ -262,3 +264,23 @@ def test_every_field_a_backend_is_built_from_is_trusted(
         with pytest.raises(config.ConfigError, match="endpointsFromSpec"):
             config.parse(data)
     config.parse({**data, "endpointsFromSpec": True})
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"parents": []}, "at least one resource"),
+        ({"group": ".status.a"}, "group: '.status.a' is not a valid name"),
+        ({"version": "V1"}, "version: 'V1' is not a valid name"),
+        (
+            {"parents": [parent_reading(".status.a"), parent_reading(".status.b")]},
+            "each once",
+        ),
+        ({"parents": [dict(parent_reading(".status.a"), resource="Hosts")]}, "'Hosts'"),
+        ({"parents": [dict(parent_reading(".status.a"), kind="host")]}, "hosts.kind: 'host'"),
+    ],
+)
+def test_names_that_go_into_api_paths_are_checked(data: object, words: str) -> None:
+    # Found by the config fuzz target: `parents: []` made the server fail at start.
+    with pytest.raises(config.ConfigError, match=re.escape(words)):
+        config.parse(data)
