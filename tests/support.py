@@ -36,6 +36,7 @@ __all__ = [
     "free_port",
     "machine",
     "open_fds",
+    "relay_to_unix",
     "start_standalone",
     "wait_for",
 ]
@@ -130,6 +131,24 @@ class Backend:
             await asyncio.wait(self._tasks, timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
+
+
+async def relay_to_unix(
+    path: Path, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Join a connection to the unix socket at `path`, both ways, until both ends close."""
+    up_reader, up_writer = await asyncio.open_unix_connection(str(path))
+
+    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+        dst.close()
+
+    try:
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+    finally:
+        up_writer.close()
 
 
 async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

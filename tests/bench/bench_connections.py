@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import re
 import secrets
-import shlex
 import ssl
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,12 +29,10 @@ from pathlib import Path
 
 from subres.server import certs
 from tests import stuck_clients as stuck
-from tests.bench.client import raise_open_files_limit
-from tests.bench.procs import Child, spawn
+from tests.bench.procs import Child, bench_header, bench_main, serve_standalone
 
 __all__ = ["main"]
 
-START_TIMEOUT = 60.0
 SETTLE_SECONDS = 3.0
 AFTER_SECONDS = 12.0
 """How long RSS is watched after the last close: the server's periodic memory check
@@ -81,28 +76,14 @@ async def start(root: Path, settings: Settings) -> Server:
     certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
     (root / "tokens.csv").write_text(f'{secrets.token_urlsafe(24)},bench,bench-uid,"bench"\n')
     (root / "machines.yaml").write_text("")
-    log = root / "server.log"
     timeout = f"{settings.timeout}s"
-    child = await spawn(
-        "server",
-        "subres",
-        "serve",
-        *("--standalone", str(root / "machines.yaml")),
-        *("--token-auth-file", str(root / "tokens.csv")),
-        *("--secure-port", "0", "--cert-dir", str(root / "certs")),
-        *("--bind-address", "127.0.0.1"),
+    child, port = await serve_standalone(
+        root,
         *("--tls-handshake-timeout", timeout, "--request-header-timeout", timeout),
         *("--idle-timeout", timeout, "--max-unauthenticated-connections", "100000"),
-        log=log,
-        stops_on_eof=False,
     )
-    async with asyncio.timeout(START_TIMEOUT):
-        while not (found := re.search(r"serving on https://[^:]+:(\d+)", log.read_text())):
-            if child.proc.returncode is not None:
-                raise RuntimeError(f"server exited:\n{log.read_text()[-2000:]}")
-            await asyncio.sleep(0.1)
     tls = ssl.create_default_context(cafile=str(root / "certs" / "ca.crt"))
-    return Server(child, int(found.group(1)), tls)
+    return Server(child, port, tls)
 
 
 def fds(pid: int) -> int:
@@ -184,17 +165,11 @@ async def warm_up(server: Server, settings: Settings) -> None:
 
 def header(argv: Sequence[str], settings: Settings) -> str:
     """What was run, where, with what."""
-    command = " ".join(["python -m tests.bench.bench_connections", *map(shlex.quote, argv)])
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return "\n".join(
-        [
-            "## subres connection benchmark",
-            "",
-            f"- rerun: `cd {Path(__file__).resolve().parents[2]} && {command}`",
-            f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
-            f"{platform.platform()}, Python {platform.python_version()}",
-            f"- {settings.clients} clients of each kind; server timeouts {settings.timeout:g}s",
-        ]
+    return bench_header(
+        "subres connection benchmark",
+        "tests.bench.bench_connections",
+        argv,
+        f"{settings.clients} clients of each kind; server timeouts {settings.timeout:g}s",
     )
 
 
@@ -227,9 +202,7 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    raise_open_files_limit()
-    asyncio.run(run(parse(args), args))
+    bench_main(run, parse, argv)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ import yaml
 from subres.server import certs
 from tests.bench import cycles, memory
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
-from tests.bench.procs import Child, build_loadgen, cpu_seconds, spawn
+from tests.bench.procs import Child, build_loadgen, cpu_seconds, port_from_log, spawn
 
 __all__ = ["Settings", "main"]
 
@@ -60,8 +60,6 @@ OPEN_TIMEOUT = 30.0
 """Seconds one session may take to open or close."""
 RATE_TIMEOUT = 600.0
 """Seconds one session-rate row (all its sessions) may take."""
-SERVER_START_TIMEOUT = 60.0
-"""Seconds for the server to load thousands of machines and listen."""
 
 
 @dataclass(frozen=True)
@@ -290,22 +288,11 @@ async def running_server(
     env = settings.server_env if memory_phase else {}
     child = await spawn(f"server ({variant})", module, *args, log=log, stops_on_eof=False, env=env)
     try:
-        port = await _port_from_log(child, log)
+        port = await port_from_log(child, log)
         scheme = "ws" if variant == "plain" else "wss"
         yield Server(child, Target(port=port, ca=files.ca, token=files.token, scheme=scheme))
     finally:
         await child.stop()
-
-
-async def _port_from_log(child: Child, log: Path) -> int:
-    async with asyncio.timeout(SERVER_START_TIMEOUT):
-        while child.proc.returncode is None:
-            text = await asyncio.to_thread(log.read_text)
-            if found := re.search(r"serving on https?://[^:]+:(\d+)", text):
-                return int(found.group(1))
-            await asyncio.sleep(0.1)
-    text = await asyncio.to_thread(log.read_text)
-    raise RuntimeError(f"{child.name} exited early:\n{text[-2000:]}")
 
 
 # --- round trips -------------------------------------------------------------------------

@@ -17,13 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import os
-import platform
 import re
 import secrets
-import shlex
 import ssl
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,7 +31,7 @@ import yaml
 from PIL import Image
 
 from subres.server import certs
-from tests.bench.procs import Child, spawn
+from tests.bench.procs import Child, bench_header, bench_main, serve_standalone, spawn
 
 __all__ = ["main"]
 
@@ -117,25 +113,9 @@ async def start(root: Path, settings: Settings) -> tuple[Child, Server]:
         "status": {"phase": "Running", "vnc": {"endpoint": f"unix://{socket}"}},
     }
     (root / "machines.yaml").write_text(yaml.safe_dump(machine))
-    log = root / "server.log"
-    child = await spawn(
-        "server",
-        "subres",
-        "serve",
-        *("--standalone", str(root / "machines.yaml")),
-        *("--token-auth-file", str(root / "tokens.csv")),
-        *("--config", str(root / "config.yaml"), "--secure-port", "0"),
-        *("--cert-dir", str(root / "certs"), "--bind-address", "127.0.0.1"),
-        log=log,
-        stops_on_eof=False,
-    )
-    async with asyncio.timeout(START_TIMEOUT):
-        while not (found := re.search(r"serving on https://[^:]+:(\d+)", log.read_text())):
-            if child.proc.returncode is not None:
-                raise RuntimeError(f"server exited:\n{log.read_text()[-2000:]}")
-            await asyncio.sleep(0.1)
+    child, port = await serve_standalone(root, "--config", str(root / "config.yaml"))
     tls = ssl.create_default_context(cafile=str(root / "certs" / "ca.crt"))
-    return vnc, Server(child, int(found.group(1)), token, tls)
+    return vnc, Server(child, port, token, tls)
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -191,18 +171,12 @@ async def row(http: aiohttp.ClientSession, server: Server, settings: Settings, c
 
 def header(argv: Sequence[str], settings: Settings) -> str:
     """What was run, where, with what."""
-    command = " ".join(["python -m tests.bench.bench_screenshot", *map(shlex.quote, argv)])
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return "\n".join(
-        [
-            "## subres screenshot benchmark",
-            "",
-            f"- rerun: `cd {Path(__file__).resolve().parents[2]} && {command}`",
-            f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
-            f"{platform.platform()}, Python {platform.python_version()}",
-            f"- framebuffer {settings.width}x{settings.height} (the demo display), server "
-            f"session settings: {settings.server_config or 'defaults'}",
-        ]
+    return bench_header(
+        "subres screenshot benchmark",
+        "tests.bench.bench_screenshot",
+        argv,
+        f"framebuffer {settings.width}x{settings.height} (the demo display), server "
+        f"session settings: {settings.server_config or 'defaults'}",
     )
 
 
@@ -233,8 +207,7 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    asyncio.run(run(parse(args), args))
+    bench_main(run, parse, argv)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from tests.bench.procs import (
     Child,
     build_loadgen,
     live_children,
+    port_from_log,
     spawn,
     spawn_program,
     tree_cpu_seconds,
@@ -318,18 +319,6 @@ async def wait_listening(child: Child, port: int) -> None:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
             return
-
-
-async def port_from_log(child: Child, log: Path) -> int:
-    """The port subres logged as `serving on …`."""
-    async with asyncio.timeout(START_TIMEOUT):
-        while child.proc.returncode is None:
-            text = await asyncio.to_thread(log.read_text)
-            if found := re.search(r"serving on https?://[^:]+:(\d+)", text):
-                return int(found.group(1))
-            await asyncio.sleep(0.1)
-    text = await asyncio.to_thread(log.read_text)
-    raise RuntimeError(f"{child.name} exited early: {text[-500:]}")
 
 
 # --- running a path --------------------------------------------------------------------------

@@ -10,26 +10,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import platform
 import re
+import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tests import gotools
+from tests.bench.client import raise_open_files_limit
 
 __all__ = [
     "Child",
+    "bench_header",
+    "bench_main",
     "build_loadgen",
     "cpu_seconds",
     "memory_kib",
+    "port_from_log",
     "run_bench",
+    "serve_standalone",
     "spawn",
     "spawn_program",
     "tree_cpu_seconds",
 ]
+
+S = TypeVar("S")
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout: children run from here so `python -m tests.bench…` imports work."""
@@ -209,3 +219,67 @@ def build_loadgen() -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+SERVER_START_TIMEOUT = 60.0
+"""Seconds a `subres serve` may take to listen (thousands of machines to load)."""
+
+
+async def port_from_log(child: Child, log: Path) -> int:
+    """The port a starting server says it serves on, from its log (bounded wait)."""
+    async with asyncio.timeout(SERVER_START_TIMEOUT):
+        while child.proc.returncode is None:
+            text = await asyncio.to_thread(log.read_text)
+            if found := re.search(r"serving on https?://[^:]+:(\d+)", text):
+                return int(found.group(1))
+            await asyncio.sleep(0.1)
+    text = await asyncio.to_thread(log.read_text)
+    raise RuntimeError(f"{child.name} exited early:\n{text[-2000:]}")
+
+
+async def serve_standalone(root: Path, *flags: str) -> tuple[Child, int]:
+    """`subres serve --standalone` on 127.0.0.1 with `root`'s machines.yaml, tokens.csv
+    and certs (and `flags`); the child, once it listens, and its port."""
+    log = root / "server.log"
+    child = await spawn(
+        "server",
+        "subres",
+        "serve",
+        *("--standalone", str(root / "machines.yaml")),
+        *("--token-auth-file", str(root / "tokens.csv")),
+        *("--secure-port", "0", "--cert-dir", str(root / "certs")),
+        *("--bind-address", "127.0.0.1", *flags),
+        log=log,
+        stops_on_eof=False,
+    )
+    try:
+        return child, await port_from_log(child, log)
+    except BaseException:
+        await child.stop()
+        raise
+
+
+def bench_main(
+    run: Callable[[S, Sequence[str]], Coroutine[Any, Any, None]],
+    parse: Callable[[Sequence[str]], S],
+    argv: Sequence[str] | None,
+) -> None:
+    """A bench's entry point: parse the command line (`sys.argv` by default), lift the
+    descriptor limit (thousands of sockets), run."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    raise_open_files_limit()
+    asyncio.run(run(parse(args), args))
+
+
+def bench_header(title: str, module: str, argv: Sequence[str], *facts: str) -> str:
+    """A bench's opening: its title, the command that reruns it, the machine, `facts`."""
+    command = " ".join([f"python -m {module}", *map(shlex.quote, argv)])
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        f"## {title}",
+        "",
+        f"- rerun: `cd {ROOT} && {command}`",
+        f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
+        f"{platform.platform()}, Python {platform.python_version()}",
+    ]
+    return "\n".join(lines + [f"- {fact}" for fact in facts])

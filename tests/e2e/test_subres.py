@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import io
 import json
@@ -41,7 +42,7 @@ from tests.e2e import subresserver
 from tests.e2e.controlplane import APIError, ControlPlane, KubectlResult, poll, run_sync
 from tests.e2e.subresserver import GROUP, SERVER_NAME, VERSION, Subres
 from tests.gotools import kubepeer
-from tests.support import Backend
+from tests.support import Backend, relay_to_unix
 
 NS = "e2e-subres"
 """Namespace of the test Machines; group ``subres:users`` (alice) may use their subresources."""
@@ -262,6 +263,18 @@ async def assert_echoes(route: Route, name: str, size: int = 1 << 20) -> None:
         assert digest(await echoed(ws, payload)) == digest(payload)
 
 
+async def sessions_reach(route: Route, name: str, backend: Backend) -> bool:
+    """Open echo sessions to `name` until one reaches `backend` (a Machine change has
+    reached subres's cache); False after REFLECT_TIMEOUT_S."""
+
+    async def reached() -> bool:
+        before = backend.accepted
+        await assert_echoes(route, name, size=1024)
+        return backend.accepted > before
+
+    return await poll(reached, timeout_s=REFLECT_TIMEOUT_S)
+
+
 async def wait_served(route: Route, name: str, *, timeout_s: float = REFLECT_TIMEOUT_S) -> float:
     """Retry a console session until it echoes (the Machine reached subres); seconds taken."""
     started = time.monotonic()
@@ -452,27 +465,13 @@ async def screenshot(plane: ControlPlane, user: str, name: str) -> tuple[int, st
 async def vnc_display(socket: Path) -> AsyncIterator[tuple[Display, str]]:
     """The demo RFB server (a unix socket) behind a TCP port on 127.0.0.1; its URL.
 
-    TCP because the default endpoint policy allows unix sockets under /run only.
+    TCP because the e2e server's endpoint policy allows loopback TCP, not this socket.
     """
     display = Display(clock=lambda: "12:00:00")
     server = VncServer(socket, display=display)
     await server.start()
 
-    async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        vnc_reader, vnc_writer = await asyncio.open_unix_connection(str(socket))
-
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-            dst.close()
-
-        try:
-            await asyncio.gather(copy(reader, vnc_writer), copy(vnc_reader, writer))
-        finally:
-            vnc_writer.close()
-
-    tcp = await Backend(handler=bridge).start_tcp()
+    tcp = await Backend(handler=functools.partial(relay_to_unix, socket)).start_tcp()
     try:
         yield display, tcp.url
     finally:
@@ -572,12 +571,7 @@ async def test_machine_changes_reach_subres_within_seconds(
         # A new endpoint: sessions go to the other backend.
         await put_machine(control_plane, "crud-1", console=other.url)
 
-        async def moved() -> bool:
-            before = other.accepted
-            await assert_echoes(alice, "crud-1", size=1024)
-            return other.accepted > before
-
-        assert await poll(moved, timeout_s=REFLECT_TIMEOUT_S), subres.logs()
+        assert await sessions_reach(alice, "crud-1", other), subres.logs()
 
         # Not Running any more: a Conflict Status before any dial.
         await put_machine(control_plane, "crud-1", console=other.url, phase="Stopped")
@@ -678,12 +672,7 @@ async def test_namespace_editors_cannot_choose_where_subres_dials(
         # once sessions follow it, subres has seen everything bob did.
         await put_machine(control_plane, "trusted-1", console=moved.url)
 
-        async def followed() -> bool:
-            before = moved.accepted
-            await assert_echoes(alice, "trusted-1", size=1024)
-            return moved.accepted > before
-
-        assert await poll(followed, timeout_s=REFLECT_TIMEOUT_S), subres.logs()
+        assert await sessions_reach(alice, "trusted-1", moved), subres.logs()
         code, status = await refused(alice, "bobs-1")
         assert code == 409 and "is not Running" in status["message"], status
         assert wanted.accepted == 0

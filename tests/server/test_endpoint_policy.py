@@ -129,28 +129,19 @@ def edited(name: str, *, trusted: str, edited: str) -> dict[str, Any]:
     return obj
 
 
-async def test_endpoints_come_from_status_not_from_what_editors_write(
-    tmp_path: Path, echo: Backend, denied: Backend
+@pytest.mark.parametrize("from_spec", [False, True])
+async def test_endpoints_come_from_status_unless_the_config_opts_in_to_spec(
+    tmp_path: Path, echo: Backend, denied: Backend, from_spec: bool
 ) -> None:
-    policy = {"allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
-    obj = edited("vm", trusted=echo.url, edited=denied.url)
-    async with (
-        start_standalone(tmp_path, obj, policy=policy) as subres,
-        connect(subres.url("vm"), ssl=subres.client_ssl, additional_headers=subres.auth) as ws,
-    ):
-        await ws.send(b"ping")
-        assert await ws.recv() == b"ping"
-    assert (echo.accepted, denied.accepted) == (1, 0)
-
-
-async def test_spec_endpoints_are_an_explicit_opt_in(
-    tmp_path: Path, echo: Backend, denied: Backend
-) -> None:
-    policy = {"allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
-    obj = edited("vm", trusted=denied.url, edited=echo.url)
+    # An editor wrote one listener into .spec; the status (the controller's) names the other.
+    trusted, edited_in = (denied, echo) if from_spec else (echo, denied)
+    obj = edited("vm", trusted=trusted.url, edited=edited_in.url)
     async with (
         start_standalone(
-            tmp_path, obj, policy=policy, config={"endpointsFromSpec": True}
+            tmp_path,
+            obj,
+            policy={"allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []},
+            config={"endpointsFromSpec": from_spec},
         ) as subres,
         connect(subres.url("vm"), ssl=subres.client_ssl, additional_headers=subres.auth) as ws,
     ):

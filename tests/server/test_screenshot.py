@@ -27,7 +27,14 @@ from subres.config import EndpointPolicySpec
 from subres.demo.vnc import Display, VncServer
 from subres.protocol import rfb
 from tests.server.test_vnc import vnc_machine
-from tests.support import Backend, Standalone, open_fds, start_standalone, wait_for
+from tests.support import (
+    Backend,
+    Standalone,
+    open_fds,
+    relay_to_unix,
+    start_standalone,
+    wait_for,
+)
 
 DEADLINE = 1.0
 
@@ -307,18 +314,7 @@ async def test_concurrent_screenshots_never_exceed_the_configured_captures(
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal most
         most = max(most, relayed.open)
-        up_reader, up_writer = await asyncio.open_unix_connection(str(display.path))
-
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-            dst.close()
-
-        try:
-            await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
-        finally:
-            up_writer.close()
+        await relay_to_unix(display.path, reader, writer)
 
     relayed = await Backend(handler=relay).start_tcp()
     try:

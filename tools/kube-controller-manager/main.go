@@ -3,6 +3,8 @@
 // kube-apiserver. The subres end-to-end tests run only its
 // clusterrole-aggregation controller, so that the built-in edit and admin
 // ClusterRoles gather the rules deploy/ labels for them, as in a real cluster.
+// It has kube-apiserver's shape on purpose: each Go tool is a module of its own,
+// built and cached by tests/gotools.py, so the two mains cannot share code.
 package main
 
 import (
