@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from tests.bench.memory import AFTER_CLOSE as AFTER
 from tests.bench.memory import close_clients, open_clients, settle, warm_up
 from tests.bench.procs import memory_kib
 
@@ -24,8 +25,6 @@ __all__ = ["cycles_table"]
 
 GOAL = 25
 """Percent above the baseline RSS allowed shortly after a burst ends."""
-AFTER = 5.0
-"""Seconds after the last session closed when "after close" is read."""
 
 
 async def cycles_table(server: Server, http: aiohttp.ClientSession, settings: Settings) -> str:

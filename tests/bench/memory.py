@@ -27,7 +27,7 @@ from tests.bench.procs import Child, cpu_seconds, memory_kib, spawn
 if TYPE_CHECKING:
     from tests.bench.bench_console import Server, Settings
 
-__all__ = ["idle_table"]
+__all__ = ["AFTER_CLOSE", "idle_table"]
 
 PER_CLIENT = 2500
 """Sessions one client process holds (two descriptors' worth of headroom each)."""
@@ -35,6 +35,8 @@ CLIENT_CONCURRENCY = 16
 """Opens in flight per client process."""
 SETTLE_STEP = 0.5
 """Seconds between memory samples while waiting for RSS to settle."""
+AFTER_CLOSE = 5.0
+"""Seconds after the last session closed when memory "after close" is read."""
 WARMUP_SESSIONS = 64
 WARMUP_BATCH = 16
 OPEN_TIMEOUT = 30.0
@@ -172,6 +174,7 @@ async def idle_table(
     if levels:
         async with asyncio.timeout(60):
             await server.wait_sessions(http, 0)
+        await asyncio.sleep(AFTER_CLOSE)  # the server gives memory back once closing is quiet
         after_close = await settle(server.pid, max_samples=20)
     return render(server, settings, before, levels, after_close) + diff
 
@@ -218,7 +221,8 @@ def render(
     if after_close:
         lines += [
             "",
-            f"After every session closed: Rss {after_close['Rss'] / 1024:.1f} MiB "
+            f"{AFTER_CLOSE:g} s after every session closed: "
+            f"Rss {after_close['Rss'] / 1024:.1f} MiB "
             f"({(after_close['Rss'] - before['Rss']) / 1024:+.1f} MiB against the baseline).",
         ]
     return "\n".join(lines)
