@@ -3,14 +3,16 @@
 Builds, from validated options, the apiserver clients (main, authentication,
 authorization), the authentication configuration (read at start from the
 cluster's ConfigMap unless flags give it all), the delegating authenticator
-and webhook authorizer, and one informer per parent CRD plus one for the
-ConfigMap. `Cluster` starts those informers and stops them and the clients.
+and webhook authorizer, one informer per parent CRD plus one for the
+ConfigMap, and the session Leases that keep console and vnc exclusive across
+replicas. `Cluster` starts those informers and stops them and the clients.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -33,6 +35,7 @@ from subres.kube import client
 from subres.kube.cache import ParentCache
 from subres.kube.informer import Informer, InformerSettings
 from subres.server.options import Options
+from subres.streams.leases import LeaseSettings, SessionLeases
 
 __all__ = ["Cluster", "build"]
 
@@ -48,16 +51,22 @@ class Cluster:
     authenticator: DelegatingAuthenticator
     authorizer: WebhookAuthorizer
     informers: tuple[Informer, ...]
+    leases: SessionLeases
+    """Console and vnc slots shared with the other replicas."""
     apis: tuple[client.Api, ...]
     """Every distinct client, closed on stop."""
+    release_grace: float = 5.0
+    """Seconds stopping waits for the Leases of ended sessions to be deleted."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
-        """Start the informers."""
+        """Start the informers and the session Leases' watch."""
         self._tasks = [asyncio.create_task(i.run(), name=i.name) for i in self.informers]
+        await self.leases.start()
 
     async def stop(self) -> None:
-        """Cancel the informers and close the clients."""
+        """Give up the session Leases, cancel the informers and close the clients."""
+        await self.leases.stop(grace=self.release_grace)
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -130,13 +139,25 @@ async def _assemble(
             always_allow_paths=options.authorization_always_allow_paths,
         ),
     )
+    leases = SessionLeases(
+        main,
+        LeaseSettings(
+            namespace=options.lease_namespace or options.service_namespace,
+            identity=options.replica_name or socket.gethostname(),
+            duration=int(options.lease_duration),
+            renew_interval=options.lease_renew_interval,
+        ),
+        informer=settings,
+    )
     return Cluster(
         caches=caches,
         auth=auth,
         authenticator=DelegatingAuthenticator(config=auth, tokens=tokens),
         authorizer=authorizer,
         informers=tuple(informers),
+        leases=leases,
         apis=tuple(dict.fromkeys(apis)),
+        release_grace=options.shutdown_grace,
     )
 
 

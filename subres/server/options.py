@@ -64,6 +64,14 @@ class Options:
     """Seconds denied SubjectAccessReview verdicts are cached."""
     access_log: bool = False
     """Log one line per HTTP request (`--access-log`)."""
+    lease_namespace: str = ""
+    """Cluster mode: where session Leases live; empty means `service_namespace`."""
+    lease_duration: float = 30.0
+    """Cluster mode: seconds a session Lease nobody renews keeps blocking `preserveSession`."""
+    lease_renew_interval: float = 10.0
+    """Cluster mode: seconds between renewals of a live session's Lease."""
+    replica_name: str = ""
+    """Cluster mode: this replica in session Lease holder identities; empty means the host name."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -101,6 +109,10 @@ class Options:
                 ns.authorization_webhook_cache_unauthorized_ttl
             ),
             access_log=ns.access_log,
+            lease_namespace=ns.lease_namespace,
+            lease_duration=ns.lease_duration,
+            lease_renew_interval=ns.lease_renew_interval,
+            replica_name=ns.replica_name,
         )
 
     def validate(self) -> list[str]:
@@ -113,6 +125,7 @@ class Options:
         if self.shutdown_grace < 0:
             problems.append("--shutdown-grace must not be negative")
         problems += self._mode_problems()
+        problems += self._lease_problems()
         for flag, ttl in (
             (
                 "--authentication-token-webhook-cache-ttl",
@@ -129,6 +142,14 @@ class Options:
         ):
             if ttl < 0:
                 problems.append(f"{flag} must not be negative")
+        return problems
+
+    def _lease_problems(self) -> list[str]:
+        problems = []
+        if self.lease_duration < 1 or not self.lease_duration.is_integer():
+            problems.append("--lease-duration must be a whole number of seconds, at least 1s")
+        if not 0 < self.lease_renew_interval < self.lease_duration:
+            problems.append("--lease-renew-interval must be above 0 and below --lease-duration")
         return problems
 
     def _mode_problems(self) -> list[str]:
@@ -236,6 +257,31 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--authentication-tolerate-lookup-failure",
         action="store_true",
         help="start even if kube-system/extension-apiserver-authentication cannot be read",
+    )
+    add(
+        "--lease-namespace",
+        default="",
+        help="namespace of the session Leases that keep console and vnc exclusive across "
+        "replicas (default: --service-namespace)",
+    )
+    add(
+        "--lease-duration",
+        type=duration,
+        default=30.0,
+        help="how long a session Lease nobody renews (its replica died) still blocks "
+        "preserveSession (whole seconds)",
+    )
+    add(
+        "--lease-renew-interval",
+        type=duration,
+        default=10.0,
+        help="how often a live console or vnc session renews its Lease",
+    )
+    add(
+        "--replica-name",
+        default="",
+        help="this replica in session Lease holder identities (default: the host name, "
+        "which is the pod name)",
     )
     for flag in (
         "--authentication-token-webhook-cache-ttl",

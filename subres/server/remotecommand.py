@@ -56,23 +56,26 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
         raise portforward_spdy.refusal(exc) from None
     backend = await subresource.connect(state, target, url)
     try:
-        response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
-        spdy = SpdySession(
-            socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
-        )
-        client = RemoteCommandClient(spdy, protocol, Terminal(backend))
-        async with (
-            spdy,
-            session.live(
-                state,
-                request,
-                target=target,
-                dialect=f"spdy/{protocol}",
-                client=client,
-                exclusive=True,
-            ) as live,
-        ):
-            await live.run(_serve(client, backend, live.record.traffic))
+        async with session.hold(state, request, target=target, exclusive=True) as claim:
+            response, socket = await upgrade.upgrade(
+                request, httpstream.switching_headers(protocol)
+            )
+            spdy = SpdySession(
+                socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
+            )
+            client = RemoteCommandClient(spdy, protocol, Terminal(backend))
+            async with (
+                spdy,
+                session.live(
+                    state,
+                    request,
+                    target=target,
+                    dialect=f"spdy/{protocol}",
+                    client=client,
+                    claim=claim,
+                ) as live,
+            ):
+                await live.run(_serve(client, backend, live.record.traffic))
     finally:
         await backend.close()
     return response

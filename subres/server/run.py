@@ -33,6 +33,7 @@ from subres.server.options import Options
 from subres.server.state import State
 from subres.server.tls import ReloadingTLS
 from subres.streams import internals
+from subres.streams.sessions import Sessions
 
 __all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
 
@@ -179,8 +180,12 @@ async def complete_cluster(
         authenticator=parts.authenticator,
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
-        readiness={"authentication-config": lambda: parts.auth.ready},
+        readiness={
+            "authentication-config": lambda: parts.auth.ready,
+            "session-leases": lambda: parts.leases.synced,
+        },
         secrets=ApiSecrets(parts.apis[0]),
+        sessions=Sessions(shared=parts.leases),
     )
     state.metrics.watch_caches(
         {

@@ -1,16 +1,27 @@
 """The one lifecycle of every streaming session, whatever its subresource and dialect.
 
-Every handler runs its live part inside `live(...)`, after the upgrade:
+Every handler runs its live part inside `live(...)`, after the upgrade; a
+session with an exclusive slot (console, vnc) takes it with `hold(...)`
+first, before the upgrade:
 
-    async with session.live(state, request, target=..., dialect=..., client=...) as s:
-        await s.run(pump(client, backend, s.record.traffic))
+    async with session.hold(state, request, target=..., exclusive=True) as claim:
+        ...upgrade...
+        async with session.live(state, request, target=..., dialect=..., client=...,
+                                claim=claim) as s:
+            await s.run(pump(client, backend, s.record.traffic))
 
-Entering registers the session (an exclusive one takes over its predecessor)
-and counts it; `run` awaits the work and keeps its outcome, or that the
-client's connection was lost (aiohttp then cancels the handler, and the work
-stops both directions as it unwinds); leaving forgets the session, records
-how and why it ended (`Record`), updates the metrics and logs one line. This
-is the place that audit, observers and Leases hook into.
+Holding takes the slot over from its predecessor, which is closed with 4001
+naming the new user, here or (cluster mode, through session Leases) on
+another replica. It comes before the upgrade because it can fail (409 for
+`preserveSession`, 503 when the replicas cannot be coordinated), and the
+client must get that as a `Status`; leaving it gives the slot up. Entering
+`live` registers the session and counts it; `run` awaits the work and keeps
+its outcome, or that the client's connection was lost (aiohttp then cancels
+the handler, and the work stops both directions as it unwinds); leaving
+forgets the session, records how and why it ended (`Record`), updates the
+metrics and logs one line. This is the place that audit and observers hook
+into. Both are plain objects rather than generator-based context managers:
+an idle session should cost no frame.
 """
 
 from __future__ import annotations
@@ -25,13 +36,14 @@ from typing import Any
 
 from aiohttp import web
 
+from subres.kube.status import StatusError
 from subres.server.middleware import USER
 from subres.server.state import State
 from subres.server.subresource import Target
 from subres.streams.pump import Ending, Outcome, Traffic
-from subres.streams.sessions import Closable, SessionKey
+from subres.streams.sessions import Busy, Claim, Closable, SessionKey
 
-__all__ = ["Live", "Record", "live"]
+__all__ = ["Hold", "Live", "Record", "busy", "hold", "key", "live"]
 
 log = logging.getLogger(__name__)
 
@@ -96,21 +108,19 @@ class Live:
     Enter it (`async with`) once the client is upgraded; `live()` builds it.
     """
 
-    def __init__(
-        self, state: State, record: Record, client: Closable, key: SessionKey | None
-    ) -> None:
+    def __init__(self, state: State, record: Record, client: Closable, claim: Claim | None) -> None:
         self.state = state
         self.record = record
         self.client = client
-        self.key = key
+        self.claim = claim
 
     async def __aenter__(self) -> Live:
-        await self.state.sessions.start(self.key, self, holder=self.record.user)
+        self.state.sessions.start(self.claim, self)
         self.state.metrics.session_started(self.record.subresource)
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        self.state.sessions.end(self.key, self)
+        self.state.sessions.end(self.claim, self)
         _finish(self.record, self.client)
         _report(self.state, self.record)
 
@@ -136,6 +146,68 @@ class Live:
         return self.record.outcome
 
 
+class Hold:
+    """A session's exclusive slot, from before its upgrade to its end; `hold()` builds it.
+
+    Entering claims the slot (a `Claim`; None for a session without one),
+    leaving releases it.
+    """
+
+    def __init__(self, state: State, request: web.Request, target: Target, *, preserve: bool):
+        self.state = state
+        self.request = request
+        self.target = target
+        self.preserve = preserve
+        self.claim: Claim | None = None
+
+    async def __aenter__(self) -> Claim:
+        try:
+            self.claim = await self.state.sessions.claim(
+                key(self.target), user=self.request[USER].name, preserve=self.preserve
+            )
+        except Busy:
+            raise busy(self.target) from None
+        return self.claim
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.claim is not None:
+            self.state.sessions.release(self.claim)
+
+
+class _NoHold:
+    """The slot of a session that has none."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+
+def key(target: Target) -> SessionKey:
+    """The exclusive slot of `target`'s subresource."""
+    return SessionKey(target.parent.resource, target.spec.name, target.namespace, target.name)
+
+
+def busy(target: Target) -> StatusError:
+    """The 409 of a session that asked to preserve the one holding its slot."""
+    return StatusError(
+        409,
+        f"{target.describe()} already has a {target.spec.name} session; "
+        "connect without preserveSession=true to take it over",
+    )
+
+
+def hold(
+    state: State, request: web.Request, *, target: Target, exclusive: bool, preserve: bool = False
+) -> Hold | _NoHold:
+    """The session's exclusive slot, to enter before the upgrade (see the module docstring).
+
+    With `preserve`, a slot another session holds is a 409 instead of a takeover.
+    """
+    return Hold(state, request, target, preserve=preserve) if exclusive else _NoHold()
+
+
 def live(
     state: State,
     request: web.Request,
@@ -143,7 +215,7 @@ def live(
     target: Target,
     dialect: str,
     client: Closable,
-    exclusive: bool = False,
+    claim: Claim | None = None,
 ) -> Live:
     """The session of `client`, to enter once upgraded: registered, counted, finally recorded."""
     user = request[USER]
@@ -158,8 +230,7 @@ def live(
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
     )
-    key = SessionKey(target.spec.name, target.namespace, target.name) if exclusive else None
-    return Live(state, record, client, key)
+    return Live(state, record, client, claim)
 
 
 def _report(state: State, record: Record) -> None:

@@ -46,6 +46,24 @@ def test_manifests_hold_the_contract() -> None:
     assert ("PodDisruptionBudget", "subres") in docs
 
 
+def test_the_server_may_keep_session_leases_in_its_own_namespace() -> None:
+    docs = documents()
+    role = docs[("Role", "subres:session-leases")]
+    binding = docs[("RoleBinding", "subres:session-leases")]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "subres-system"
+    [rule] = role["rules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
+    assert set(rule["verbs"]) >= {"get", "list", "watch", "create", "update", "delete"}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "subres:session-leases",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "subres", "namespace": "subres-system"}
+    ]
+
+
 def test_certs_verb_writes_secret_and_cabundle(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = ["certs", "--service", "subres", "--namespace", "subres-system", "--out", str(out)]
