@@ -16,8 +16,9 @@ identity is `<replica>/<session id>`.
   never need to agree; a replica that just started treats every Lease it
   finds as renewed when it found it.
 - The holder replaces its Lease every `renew_interval` on the same
-  condition. A conflict re-reads it: another holder means the session was
-  taken over, and it ends.
+  condition (one renewing task per replica, not one per session). A
+  conflict re-reads it: another holder means the session was taken over,
+  and it ends.
 - Every replica watches the session Leases (`Informer`). Once it has seen one
   of its own writes of a Lease, any later version naming another holder
   means that session was taken over: `Sessions.taken_over` closes it with
@@ -107,7 +108,8 @@ class _Held:
     confirmed: bool = False
     """The watch has shown one of our writes: later versions are newer than it."""
     lost: bool = False
-    renewing: asyncio.Task[None] | None = None
+    due: float = 0.0
+    """When (event loop time) the next renewal is due."""
 
 
 @dataclass
@@ -139,6 +141,9 @@ class SessionLeases:
         self._incoming: dict[str, _Held] = {}
         self._notify: Callable[[Claim, str], None] = lambda claim, by: None
         self._background: set[asyncio.Task[None]] = set()
+        self._renewals = asyncio.Event()
+        """Set when a Lease was added to those to renew."""
+        self._renewer: asyncio.Task[None] | None = None
         self._runners: list[asyncio.Task[None]] = []
         selector = ",".join(f"{k}={v}" for k, v in LABELS.items())
         self._informer = Informer(
@@ -172,13 +177,15 @@ class SessionLeases:
             ) from None
         finally:
             del self._incoming[name]
-        previous = self._mine.pop(name, None)
-        if previous is not None:
-            _cancel(previous)
+        self._mine.pop(name, None)  # a session of this replica that `claim` took over
         if held.lost:
             return
+        held.due = asyncio.get_running_loop().time() + self.settings.renew_interval
         self._mine[name] = held
-        held.renewing = asyncio.create_task(self._renew(held), name=f"renew {name}")
+        self._renewals.set()
+        if self._renewer is None:  # the first Lease this replica holds
+            self._renewer = asyncio.create_task(self._renew(), name="renew session leases")
+            self._runners.append(self._renewer)
 
     def release(self, claim: Claim) -> None:
         """Delete `claim`'s Lease in the background, unless it was taken since."""
@@ -187,14 +194,13 @@ class SessionLeases:
         if held is None or held.claim is not claim:
             return
         del self._mine[name]
-        _cancel(held)
         self._spawn(self._delete(held), name=f"release {name}")
 
     # --- running ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start watching the Leases and sweeping expired ones."""
-        self._runners = [
+        self._runners += [
             asyncio.create_task(self._informer.run(), name=self._informer.name),
             asyncio.create_task(self._sweep(), name="sweep session leases"),
         ]
@@ -242,6 +248,7 @@ class SessionLeases:
         for _ in range(ATTEMPTS):
             try:
                 if current is None:
+                    held.version, held.transitions = "", 0
                     stored = await self.api.create_lease(self.settings.namespace, self._body(held))
                 else:
                     if preserve and self._fresh(self._observe(current)):
@@ -260,17 +267,30 @@ class SessionLeases:
             503, f"the lease of the {held.claim.key} keeps changing; try again", reason="Conflict"
         )
 
-    async def _renew(self, held: _Held) -> None:
-        while not held.lost:
-            await asyncio.sleep(self.settings.renew_interval)
-            try:
-                await self._renew_once(held)
-            except ApiError as exc:
-                # Keep the session: the next renewal, or the watch, tells whether it was taken.
-                log.warning("renewing lease %s: %s", held.name, exc)
+    async def _renew(self) -> None:
+        """Renew each held Lease when it is due, sleeping until the next one is."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = [h for h in self._mine.values() if h.due <= loop.time()]
+            await asyncio.gather(*(self._renew_one(h) for h in due))
+            self._renewals.clear()
+            wake = min((h.due for h in self._mine.values()), default=None)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(wake):
+                    await self._renewals.wait()
+
+    async def _renew_one(self, held: _Held) -> None:
+        try:
+            await self._renew_once(held)
+        except ApiError as exc:
+            # Keep the session: the next renewal, or the watch, tells whether it was taken.
+            log.warning("renewing lease %s: %s", held.name, exc)
+        held.due = asyncio.get_running_loop().time() + self.settings.renew_interval
 
     async def _renew_once(self, held: _Held) -> None:
         for _ in range(ATTEMPTS):
+            if self._mine.get(held.name) is not held:
+                return  # released or taken while renewing: never write it again
             try:
                 body = self._body(held)
                 if held.version:
@@ -365,8 +385,6 @@ class SessionLeases:
         held.lost = True
         if self._mine.get(held.name) is held:
             del self._mine[held.name]
-        if held.renewing is not asyncio.current_task():
-            _cancel(held)
         user = _annotations(taker).get(USER_ANNOTATION) or _holder(taker) or "another session"
         log.info("lease %s taken by %s (%s)", held.name, _holder(taker), user)
         self._notify(held.claim, user)
@@ -420,11 +438,6 @@ class SessionLeases:
         task = asyncio.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def _cancel(held: _Held) -> None:
-    if held.renewing is not None:
-        held.renewing.cancel()
 
 
 def _micro_time() -> str:
