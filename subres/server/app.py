@@ -96,7 +96,7 @@ def build(state: State) -> web.Application:
     page.add_routes(app, settings)
 
     async def on_shutdown(_: web.Application) -> None:
-        await state.sessions.close_all("the server is shutting down")
+        # Live sessions were ended before this (`run.Server.stop`); their SSH connections go.
         await state.ssh.close()
 
     app.on_shutdown.append(on_shutdown)
@@ -113,7 +113,13 @@ def _health_routes(app: web.Application, state: State) -> None:
         "parent-caches": lambda: all(c.synced for c in state.caches.values()),
         **state.readiness,
     }
-    for endpoint, checks in (("healthz", ready), ("livez", ping), ("readyz", ready)):
+    # As kube-apiserver's: a draining server is alive and healthy, not ready.
+    draining = {"shutdown": lambda: not state.draining}
+    for endpoint, checks in (
+        ("healthz", ready),
+        ("livez", ping),
+        ("readyz", {**ready, **draining}),
+    ):
         handle = health.handler(endpoint, checks)
         app.router.add_get(f"/{endpoint}", handle)
         app.router.add_get(f"/{endpoint}/{{check}}", handle)

@@ -55,8 +55,6 @@ class Cluster:
     """Console and vnc slots shared with the other replicas."""
     apis: tuple[client.Api, ...]
     """Every distinct client, closed on stop."""
-    release_grace: float = 5.0
-    """Seconds stopping waits for the Leases of ended sessions to be deleted."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -64,9 +62,9 @@ class Cluster:
         self._tasks = [asyncio.create_task(i.run(), name=i.name) for i in self.informers]
         await self.leases.start()
 
-    async def stop(self) -> None:
-        """Give up the session Leases, cancel the informers and close the clients."""
-        await self.leases.stop(grace=self.release_grace)
+    async def stop(self, *, grace: float) -> None:
+        """Give up the session Leases (waiting at most `grace`), stop informers and clients."""
+        await self.leases.stop(grace=grace)
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -157,7 +155,6 @@ async def _assemble(
         informers=tuple(informers),
         leases=leases,
         apis=tuple(dict.fromkeys(apis)),
-        release_grace=options.shutdown_grace,
     )
 
 

@@ -34,6 +34,7 @@ class Options:
     service_namespace: str
     authorization_always_allow_paths: tuple[str, ...]
     shutdown_grace: float
+    """Seconds, after the delay, for live sessions to end before they are dropped and we exit."""
     kubeconfig: Path | None = None
     """Cluster mode: kubeconfig of the main apiserver; None means in-cluster."""
     authentication_kubeconfig: Path | None = None
@@ -64,6 +65,8 @@ class Options:
     """Seconds denied SubjectAccessReview verdicts are cached."""
     access_log: bool = False
     """Log one line per HTTP request (`--access-log`)."""
+    shutdown_delay: float = 0.0
+    """Seconds a terminating server keeps serving, not ready, before it stops accepting."""
     lease_namespace: str = ""
     """Cluster mode: where session Leases live; empty means `service_namespace`."""
     lease_duration: float = 30.0
@@ -92,6 +95,7 @@ class Options:
                 p for p in ns.authorization_always_allow_paths.split(",") if p
             ),
             shutdown_grace=ns.shutdown_grace,
+            shutdown_delay=ns.shutdown_delay,
             kubeconfig=ns.kubeconfig,
             authentication_kubeconfig=ns.authentication_kubeconfig,
             authorization_kubeconfig=ns.authorization_kubeconfig,
@@ -124,6 +128,8 @@ class Options:
             problems.append("--tls-cert-file and --tls-private-key-file go together")
         if self.shutdown_grace < 0:
             problems.append("--shutdown-grace must not be negative")
+        if self.shutdown_delay < 0:
+            problems.append("--shutdown-delay must not be negative")
         problems += self._mode_problems()
         problems += self._lease_problems()
         for flag, ttl in (
@@ -203,10 +209,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_cluster_arguments(parser)
     add(
+        "--shutdown-delay",
+        type=duration,
+        default=0.0,
+        help="on SIGTERM, keep serving this long with /readyz failing, so that endpoints "
+        "update before the listener closes (a second signal skips it)",
+    )
+    add(
         "--shutdown-grace",
-        type=float,
+        type=duration,
         default=5.0,
-        help="seconds live sessions get to close on SIGTERM",
+        help="then, how long live sessions get to end after being told (close code 1001); "
+        "the server exits within --shutdown-delay plus this, whatever the sessions do",
     )
     add_operator_arguments(parser)
 

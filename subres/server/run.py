@@ -4,11 +4,21 @@
 the listener, the background watchers and an orderly shutdown. `complete`
 builds standalone mode; `complete_cluster` builds cluster mode, whose
 apiserver-facing parts live in `subres.server.cluster`.
+
+Shutdown (`serve`, on SIGTERM or SIGINT): `/readyz` fails at once; the server
+keeps serving for `--shutdown-delay` (a second signal cuts it short) so that
+endpoints stop sending it requests; then `Server.stop` takes at most
+`--shutdown-grace`: it stops accepting, tells every live session the server
+is going away (1001), waits for them to end until a last step before the
+deadline, drops the connections of any that did not (a client that reads
+nothing, a peer that never hangs up), lets aiohttp finish the other
+requests, and gives up the session Leases in what remains.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import signal
@@ -41,6 +51,10 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 1.0
 """Seconds between checks of the certificate, token, CA and standalone files."""
+LAST_STEP = 1.0
+"""Seconds of the shutdown grace (at most half of it) kept for after the sessions:
+finishing other requests, deleting session Leases."""
+GOING_AWAY = "the server is shutting down"
 
 
 class Reloadable(Protocol):
@@ -58,8 +72,8 @@ class Background(Protocol):
         """Start it, before the listener opens."""
         ...
 
-    async def stop(self) -> None:
-        """Stop it, after the listener closed."""
+    async def stop(self, *, grace: float) -> None:
+        """Stop it within `grace` seconds, after the listener closed."""
         ...
 
 
@@ -110,15 +124,45 @@ class Server:
         log.info("serving on https://%s:%d", self.options.bind_address, self.port)
         return self.port
 
+    async def drain(self, *, cut_short: asyncio.Event) -> None:
+        """Fail readiness, keep serving for the shutdown delay (or until `cut_short`), stop."""
+        self.state.draining = True
+        log.info("shutting down: not ready; serving %.1fs more", self.options.shutdown_delay)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.options.shutdown_delay):
+                await cut_short.wait()
+        await self.stop()
+
     async def stop(self) -> None:
-        """Close live sessions with 1001, stop listening, stop the watchers."""
+        """Stop accepting, end live sessions (1001), stop the watchers: within the grace."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.shutdown_grace
+        last = min(LAST_STEP, self.options.shutdown_grace / 2)
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.wait([self._watcher])
         if self.runner is not None:
-            await self.runner.cleanup()
+            for site in list(self.runner.sites):
+                await site.stop()
+            await self._end_sessions(until=deadline - last)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline - last / 2):
+                    await self.runner.cleanup()
         if self.background is not None:
-            await self.background.stop()
+            await self.background.stop(grace=max(0.0, deadline - loop.time()))
+
+    async def _end_sessions(self, *, until: float) -> None:
+        """Tell every live session to go; drop the connections of those left at `until`."""
+        sessions = self.state.sessions
+        closing = asyncio.create_task(sessions.close_all(GOING_AWAY))
+        try:
+            async with asyncio.timeout_at(until):
+                await sessions.ended()
+        except TimeoutError:
+            log.warning("dropping %d sessions still open at the end of the grace", len(sessions))
+            sessions.drop_all()
+        closing.cancel()  # a close frame stuck behind a client that reads nothing
+        await asyncio.wait([closing])
 
     async def _watch(self) -> None:
         while True:
@@ -216,13 +260,17 @@ async def serve(options: Options) -> None:
     """Run until SIGTERM or SIGINT, then shut down in order."""
     raise_open_files_limit()
     server = complete(options) if options.standalone else await complete_cluster(options)
-    stop = asyncio.Event()
+    signalled = [asyncio.Event(), asyncio.Event()]
+
+    def on_signal() -> None:
+        # The first signal starts the shutdown; a second one cuts its delay short.
+        next((e for e in signalled if not e.is_set()), signalled[-1]).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await server.start()
     try:
-        await stop.wait()
+        await signalled[0].wait()
     finally:
-        log.info("shutting down")
-        await server.stop()
+        await server.drain(cut_short=signalled[1])

@@ -108,11 +108,20 @@ class Live:
     Enter it (`async with`) once the client is upgraded; `live()` builds it.
     """
 
-    def __init__(self, state: State, record: Record, client: Closable, claim: Claim | None) -> None:
+    def __init__(
+        self,
+        state: State,
+        record: Record,
+        client: Closable,
+        *,
+        claim: Claim | None,
+        transport: asyncio.BaseTransport | None,
+    ) -> None:
         self.state = state
         self.record = record
         self.client = client
         self.claim = claim
+        self.transport = transport
 
     async def __aenter__(self) -> Live:
         self.state.sessions.start(self.claim, self)
@@ -130,6 +139,13 @@ class Live:
             self.record.code = code
             self.record.reason = reason
         await self.client.close(code, reason)
+
+    def drop(self) -> None:
+        """Drop the client's connection at once (a shutdown whose grace ran out)."""
+        if self.record.code is None:
+            self.record.reason = "dropped: the server's shutdown grace ran out"
+        if isinstance(self.transport, asyncio.Transport):
+            self.transport.abort()
 
     async def run(self, work: Awaitable[Outcome]) -> Outcome:
         """Run the session's work to its end and keep how it ended.
@@ -230,7 +246,7 @@ def live(
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
     )
-    return Live(state, record, client, claim)
+    return Live(state, record, client, claim=claim, transport=request.transport)
 
 
 def _report(state: State, record: Record) -> None:

@@ -51,6 +51,8 @@ class State:
     authorizer: Authorizer
     tls_ready: bool = True
     """Whether serving certificates are loaded (for /readyz); updated by the TLS watcher."""
+    draining: bool = False
+    """Set on SIGTERM: /readyz fails from then on, so that endpoints stop sending requests."""
     readiness: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     """Further /readyz checks by name (cluster mode: the authentication configuration)."""
     sessions: Sessions = field(default_factory=Sessions)

@@ -3,7 +3,8 @@
 A second console on the same machine takes over: the first client gets a
 close frame saying so and naming who took over. A session that asks to
 preserve another is refused while one holds the slot. On shutdown every live
-session is told the server is going away.
+session is told the server is going away, and dropped if it does not end in
+time.
 
 A session takes its slot in two steps. `claim` runs before the protocol
 upgrade, so that a refusal (`Busy`) or a failure to coordinate is still an
@@ -27,7 +28,7 @@ from typing import Protocol
 
 from subres.streams.websocket import CloseCode
 
-__all__ = ["Busy", "Claim", "Closable", "SessionKey", "Sessions", "Shared"]
+__all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions", "Shared"]
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,17 @@ class SessionKey:
 
 
 class Closable(Protocol):
-    """What the registry needs of a session: a way to close it with a code and reason."""
+    """A client side that can be closed with a code and reason."""
 
     async def close(self, code: int = ..., reason: str = ...) -> None:
         """Close the client side."""
+
+
+class LiveSession(Closable, Protocol):
+    """What the registry needs of a session: ways to end it, politely or not."""
+
+    def drop(self) -> None:
+        """Drop the client's connection at once, without a goodbye (shutdown's last resort)."""
 
 
 class Busy(Exception):
@@ -68,7 +76,7 @@ class Claim:
     """Who asked: named to the session this one takes over."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     """Unique per session; the Lease's holder identity carries it."""
-    session: Closable | None = None
+    session: LiveSession | None = None
     """The upgraded session, once `start` bound it."""
     lost: str | None = None
     """Why the slot was taken from this claim, once it was."""
@@ -104,12 +112,14 @@ class Sessions:
     shared: Shared | None = None
     """Cluster mode's lock across replicas; None standalone."""
     exclusive: dict[SessionKey, Claim] = field(default_factory=dict)
-    live: set[Closable] = field(default_factory=set)
+    live: set[LiveSession] = field(default_factory=set)
     _claiming: dict[SessionKey, int] = field(default_factory=dict)
     _locks: dict[SessionKey, asyncio.Lock] = field(default_factory=dict)
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
+        self._idle.set()
         if self.shared is not None:
             self.shared.on_taken_over(self.taken_over)
 
@@ -140,18 +150,21 @@ class Sessions:
             self.taken_over(previous, user)
         return claim
 
-    def start(self, claim: Claim | None, session: Closable) -> None:
+    def start(self, claim: Claim | None, session: LiveSession) -> None:
         """Register `session`, bound to `claim`; closed at once if its slot was taken meanwhile."""
         self.live.add(session)
+        self._idle.clear()
         if claim is None:
             return
         claim.session = session
         if claim.lost is not None:
             self._close(session, CloseCode.TAKEN_OVER, claim.lost)
 
-    def end(self, claim: Claim | None, session: Closable) -> None:
+    def end(self, claim: Claim | None, session: LiveSession) -> None:
         """Forget `session`."""
         self.live.discard(session)
+        if not self.live:
+            self._idle.set()
         if claim is not None and claim.session is session:
             claim.session = None
 
@@ -183,7 +196,16 @@ class Sessions:
             return_exceptions=True,
         )
 
-    def _close(self, session: Closable, code: int, reason: str) -> None:
+    async def ended(self) -> None:
+        """Return once no session is live."""
+        await self._idle.wait()
+
+    def drop_all(self) -> None:
+        """Drop every live session's connection at once."""
+        for session in list(self.live):
+            session.drop()
+
+    def _close(self, session: LiveSession, code: int, reason: str) -> None:
         task = asyncio.create_task(session.close(code, reason))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import yaml
 from cryptography import x509
 
 from subres.main import main
+from subres.server.options import add_arguments
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -44,6 +46,20 @@ def test_manifests_hold_the_contract() -> None:
     assert (api["group"], api["version"]) == ("subresources.subres.dev", "v1alpha1")
     assert 1 <= api["groupPriorityMinimum"] <= 20000 and 1 <= api["versionPriority"] <= 1000
     assert ("PodDisruptionBudget", "subres") in docs
+
+
+def test_the_kubelet_waits_longer_than_the_server_drains() -> None:
+    pod = documents()[("Deployment", "subres")]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options, _ = parser.parse_known_args(container["args"][1:])
+    assert options.shutdown_delay > 0, "endpoints need time to stop sending requests"
+    drain = options.shutdown_delay + options.shutdown_grace
+    # The kubelet kills at terminationGracePeriodSeconds: leave room for the exit itself.
+    assert pod["terminationGracePeriodSeconds"] >= drain + 5
+    # The delay happens inside subres; a preStop hook would only delay SIGTERM further.
+    assert "lifecycle" not in container
 
 
 def test_the_server_may_keep_session_leases_in_its_own_namespace() -> None:

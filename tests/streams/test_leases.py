@@ -57,6 +57,9 @@ class Client:
         if not self.closed.done():
             self.closed.set_result((code, reason))
 
+    def drop(self) -> None:
+        raise AssertionError("only a shutdown drops sessions")
+
     async def close_reason(self) -> tuple[int, str]:
         async with asyncio.timeout(5):
             return await asyncio.shield(self.closed)
