@@ -20,6 +20,12 @@ kube-apiserver on this machine:
 
 It is started and stopped by PID (``controlplane.Process``); every wait is
 bounded and fails with the logs of both subres and kube-apiserver.
+
+``replica`` starts a second process beside a launched one, with the same
+credentials, certificates and flags on a port of its own: another replica of
+the same Deployment. kube-apiserver still reaches only the first (an
+ExternalName Service is one address); tests reach the second as
+kube-apiserver would, with its front-proxy certificate.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ __all__ = [
     "Profile",
     "Subres",
     "launch",
+    "replica",
     "shutdown",
 ]
 
@@ -217,6 +224,38 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
         await server.wait_available()
     except BaseException:
         await shutdown(server)
+        raise
+    return server
+
+
+async def replica(first: Subres, name: str) -> Subres:
+    """Start another replica beside `first` (same flags, its own port and cert-dir), ready.
+
+    The caller stops it (``stop()``); ``shutdown(first)`` removes the shared files.
+    """
+    [port] = free_ports(1)
+    swapped = {
+        "--secure-port": str(port),
+        "--cert-dir": str(first.workdir / f"cert-dir-{name}"),
+        "--replica-name": name,
+    }
+    args = [a for a in first.process.args if a.split("=", 1)[0] not in swapped]
+    server = Subres(
+        plane=first.plane,
+        workdir=first.workdir,
+        port=port,
+        ca=first.ca,
+        apiservice=first.apiservice,
+        process=Process(
+            name=f"subres {name}",
+            args=[*args, *(f"{flag}={value}" for flag, value in swapped.items())],
+            log=first.workdir / f"subres-{name}.log",
+        ),
+    )
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
         raise
     return server
 

@@ -188,14 +188,19 @@ def direct(
 
 @asynccontextmanager
 async def console(
-    route: Route, name: str, *, subprotocols: list[str] | None = None
+    route: Route,
+    name: str,
+    *,
+    subprotocols: list[str] | None = None,
+    sub: str = "console",
+    query: str = "",
 ) -> AsyncIterator[ClientConnection]:
-    """A console WebSocket to Machine `name` (raw binary unless `subprotocols` say otherwise)."""
+    """A console (or `sub`) WebSocket to Machine `name`, raw binary unless `subprotocols` say."""
     extra: dict[str, Any] = {}
     if route.server_hostname is not None:
         extra["server_hostname"] = route.server_hostname
     async with connect(
-        route.base + machine_path(name, "console"),
+        route.base + machine_path(name, sub) + query,
         ssl=route.context,
         additional_headers=dict(route.headers),
         subprotocols=[Subprotocol(p) for p in subprotocols or ()] or None,
@@ -208,10 +213,12 @@ async def console(
         yield ws
 
 
-async def refused(route: Route, name: str) -> tuple[int, dict[str, Any]]:
-    """The status and Status body of a console upgrade that must be refused."""
+async def refused(
+    route: Route, name: str, *, sub: str = "console", query: str = ""
+) -> tuple[int, dict[str, Any]]:
+    """The status and Status body of a console (or `sub`) upgrade that must be refused."""
     with pytest.raises(InvalidStatus) as caught:
-        async with console(route, name):
+        async with console(route, name, sub=sub, query=query):
             pass
     response = caught.value.response
     return response.status_code, json.loads(response.body or b"{}")
