@@ -63,7 +63,7 @@ def replicas(control_plane: ControlPlane) -> Iterator[tuple[Subres, Subres]]:
     try:
         b = run_sync(subresserver.replica(a, "replica-b"))
         try:
-            run_sync(_bind_users(control_plane))
+            run_sync(bind_users(control_plane))
             yield a, b
         finally:
             run_sync(b.stop())
@@ -71,7 +71,8 @@ def replicas(control_plane: ControlPlane) -> Iterator[tuple[Subres, Subres]]:
         run_sync(subresserver.shutdown(a))
 
 
-async def _bind_users(plane: ControlPlane) -> None:
+async def bind_users(plane: ControlPlane) -> None:
+    """The users group may use the subresources of Machines in NS (idempotent)."""
     await plane.ensure_namespace(NS)
     await plane.apply(
         {
