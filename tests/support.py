@@ -1,7 +1,9 @@
 """Test support: a standalone subres on loopback, and real backends to dial.
 
 Everything here runs real code on 127.0.0.1: the server is the real aiohttp
-application behind TLS; backends are real sockets that count connections.
+application behind TLS, in this process (`start_standalone`) or as a real
+`subres serve` child (`serve_process`); backends are real sockets that count
+connections.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import ssl
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,16 +34,20 @@ from subres.server.run import Server, complete
 __all__ = [
     "GROUP_VERSION",
     "Backend",
+    "ServeProcess",
     "Standalone",
     "end_process",
     "free_port",
     "machine",
     "open_fds",
+    "serve_process",
     "start_standalone",
     "wait_for",
 ]
 
 GROUP_VERSION = "subresources.subres.dev/v1alpha1"
+SERVE_START_TIMEOUT = 60.0
+"""Seconds a `subres serve` child may take to listen on a busy machine."""
 
 
 def machine(
@@ -293,6 +301,85 @@ async def start_standalone(
         )
     finally:
         await server.stop()
+
+
+@dataclass
+class ServeProcess:
+    """A `subres serve --standalone` child process and what a client needs to reach it."""
+
+    proc: asyncio.subprocess.Process
+    dir: Path
+    token: str
+    port: int = 0
+    log: list[str] = field(default_factory=list)
+    _reader: asyncio.Task[None] | None = None
+
+    @property
+    def base(self) -> str:
+        """`https://127.0.0.1:PORT`."""
+        return f"https://127.0.0.1:{self.port}"
+
+    def ssl(self) -> ssl.SSLContext:
+        """A client context that trusts the server's CA."""
+        return ssl.create_default_context(cafile=str(self.dir / "certs" / "ca.crt"))
+
+    def console(self, name: str) -> str:
+        """The console URL of Machine default/`name`."""
+        return f"{self.base}/apis/{GROUP_VERSION}/namespaces/default/machines/{name}/console"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The Authorization header of the test user."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def _read_log(self, ready: asyncio.Future[int]) -> None:
+        """Keep the log (stderr) drained, and say which port the server bound."""
+        assert self.proc.stderr is not None
+        while line := (await self.proc.stderr.readline()).decode(errors="replace"):
+            self.log.append(line)
+            found = re.search(r"serving on https://127\.0\.0\.1:(\d+)", line)
+            if found and not ready.done():
+                ready.set_result(int(found.group(1)))
+
+
+@contextlib.asynccontextmanager
+async def serve_process(
+    tmp: Path, *objects: dict[str, Any], delay: float, grace: float, port: int = 0
+) -> AsyncIterator[ServeProcess]:
+    """Run the real server in a child process on `port` (0: any), with `objects`.
+
+    A second server started on the same `tmp` reuses its certificates and
+    token, as a restarted or another replica would. A server still running
+    at the end is killed by PID.
+    """
+    tokens = tmp / "tokens.csv"
+    if not tokens.exists():
+        tokens.write_text(f'{os.urandom(8).hex()},alice,alice-uid,"devs"\n')
+    token = tokens.read_text().split(",", 1)[0]
+    (tmp / "machines.yaml").write_text(yaml.safe_dump_all(list(objects)))
+    config = {"endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"]}}
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    certs.ensure_self_signed(tmp / "certs", service="subres", namespace="subres-system")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "subres", "serve", "--standalone", str(tmp / "machines.yaml"),
+        "--token-auth-file", str(tokens), "--config", str(tmp / "config.yaml"),
+        "--cert-dir", str(tmp / "certs"), "--bind-address", "127.0.0.1",
+        f"--secure-port={port}", f"--shutdown-delay={delay}s", f"--shutdown-grace={grace}s",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    server = ServeProcess(proc, tmp, token)
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    server._reader = asyncio.create_task(server._read_log(ready))
+    try:
+        async with asyncio.timeout(SERVE_START_TIMEOUT):
+            server.port = await ready
+        yield server
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await asyncio.wait([server._reader], timeout=5)
 
 
 async def end_process(

@@ -128,6 +128,16 @@ def _group_version(parser: argparse.ArgumentParser) -> None:
 # verbs' declarations look alike, only argparse's shape repeats, not a flag.
 
 
+def _no_reconnect(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-reconnect",
+        dest="reconnect",
+        action="store_false",
+        help="exit when the server goes away (close code 1001, a replica shutting down) or "
+        "the connection is lost, instead of connecting again (for up to a minute)",
+    )
+
+
 def _listen_address(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
@@ -144,6 +154,7 @@ def _console(parser: argparse.ArgumentParser) -> None:
         help="keep retrying this long while the machine is not running or its console "
         "is unavailable (e.g. 30s, 5m; default 0: no retry)",
     )
+    _no_reconnect(parser)
     _group_version(parser)
 
 
@@ -170,6 +181,7 @@ def _port_forward(parser: argparse.ArgumentParser) -> None:
         help="forward stdin/stdout to the one port given (for ssh -o ProxyCommand)",
     )
     parser.add_argument("--transport", choices=TRANSPORTS, default="websocket", help=TRANSPORT_HELP)
+    _no_reconnect(parser)
     _group_version(parser)
 
 

@@ -16,93 +16,17 @@ import contextlib
 import os
 import re
 import signal
-import ssl
-import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import yaml
 
-from subres.server import certs
-from tests.support import GROUP_VERSION, Backend, machine
+from tests.support import Backend, ServeProcess, machine, serve_process
 
 MARGIN = 2.0
 """Seconds allowed past delay + grace for the interpreter to exit on a busy 2-core machine."""
-START_TIMEOUT = 60.0
 
 
-@dataclass
-class Serving:
-    """A `subres serve --standalone` child process and what a client needs to reach it."""
-
-    proc: asyncio.subprocess.Process
-    dir: Path
-    token: str
-    port: int = 0
-    log: list[str] = field(default_factory=list)
-    _reader: asyncio.Task[None] | None = None
-
-    @property
-    def base(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def ssl(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.dir / "certs" / "ca.crt"))
-
-    def console(self, name: str) -> str:
-        return f"{self.base}/apis/{GROUP_VERSION}/namespaces/default/machines/{name}/console"
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
-    async def read_log(self, ready: asyncio.Future[int]) -> None:
-        """Keep the log (stderr) drained, and say which port the server bound."""
-        assert self.proc.stderr is not None
-        while line := (await self.proc.stderr.readline()).decode(errors="replace"):
-            self.log.append(line)
-            found = re.search(r"serving on https://127\.0\.0\.1:(\d+)", line)
-            if found and not ready.done():
-                ready.set_result(int(found.group(1)))
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    tmp: Path, *objects: dict[str, Any], delay: float, grace: float
-) -> AsyncIterator[Serving]:
-    """Start the real server as a child process; kill it by PID if a test left it running."""
-    token = os.urandom(8).hex()
-    (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs"\n')
-    (tmp / "machines.yaml").write_text(yaml.safe_dump_all(list(objects)))
-    config = {"endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"]}}
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
-    certs.ensure_self_signed(tmp / "certs", service="subres", namespace="subres-system")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "subres", "serve", "--standalone", str(tmp / "machines.yaml"),
-        "--token-auth-file", str(tmp / "tokens.csv"), "--config", str(tmp / "config.yaml"),
-        "--cert-dir", str(tmp / "certs"), "--bind-address", "127.0.0.1", "--secure-port", "0",
-        f"--shutdown-delay={delay}s", f"--shutdown-grace={grace}s",
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    server = Serving(proc, tmp, token)
-    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    server._reader = asyncio.create_task(server.read_log(ready))
-    try:
-        async with asyncio.timeout(START_TIMEOUT):
-            server.port = await ready
-        yield server
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await asyncio.wait([server._reader], timeout=5)
-
-
-async def wait_exit(server: Serving, *, started: float, bound: float) -> tuple[int, float]:
+async def wait_exit(server: ServeProcess, *, started: float, bound: float) -> tuple[int, float]:
     """The exit code and the seconds from `started` (loop time) to the exit."""
     async with asyncio.timeout(bound + 10):
         code = await server.proc.wait()
@@ -131,7 +55,7 @@ async def test_sigterm_fails_readiness_serves_through_the_delay_then_says_going_
     delay, grace = 3.0, 3.0
     loop = asyncio.get_running_loop()
     async with (
-        serving(
+        serve_process(
             tmp_path,
             machine("vm1", console=backend.url),
             machine("vm2", console=backend.url),
@@ -190,7 +114,7 @@ async def test_stuck_sessions_do_not_hold_the_exit_back(tmp_path: Path, backend:
     hole = await Backend(handler=black_hole).start_tcp()
     try:
         async with (
-            serving(
+            serve_process(
                 tmp_path,
                 machine("hose", console=hose.url),
                 machine("hole", console=hole.url),
@@ -241,7 +165,7 @@ async def _stuff(ws: aiohttp.ClientWebSocketResponse) -> None:
 
 
 async def _open_raw(
-    server: Serving, request: bytes
+    server: ServeProcess, request: bytes
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A TLS connection that sent `request` and got its 101; then it is left alone."""
     reader, writer = await asyncio.open_connection(
@@ -254,7 +178,7 @@ async def _open_raw(
     return reader, writer
 
 
-def _websocket_upgrade(server: Serving, name: str) -> bytes:
+def _websocket_upgrade(server: ServeProcess, name: str) -> bytes:
     return _request(
         server,
         name,
@@ -265,7 +189,7 @@ def _websocket_upgrade(server: Serving, name: str) -> bytes:
     )
 
 
-def _spdy_upgrade(server: Serving, name: str) -> bytes:
+def _spdy_upgrade(server: ServeProcess, name: str) -> bytes:
     return _request(
         server,
         name,
@@ -275,7 +199,7 @@ def _spdy_upgrade(server: Serving, name: str) -> bytes:
     )
 
 
-def _request(server: Serving, name: str, method: str, **headers: str) -> bytes:
+def _request(server: ServeProcess, name: str, method: str, **headers: str) -> bytes:
     path = server.console(name).removeprefix(server.base)
     lines = [f"{method} {path} HTTP/1.1", "Host: localhost", "Connection: Upgrade"]
     lines += [f"Authorization: Bearer {server.token}", "Content-Length: 0"]
@@ -283,7 +207,7 @@ def _request(server: Serving, name: str, method: str, **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-async def _wait_sessions(http: aiohttp.ClientSession, server: Serving, count: int) -> None:
+async def _wait_sessions(http: aiohttp.ClientSession, server: ServeProcess, count: int) -> None:
     """Until the server's metrics count `count` live sessions (nothing else signals it)."""
 
     async def live() -> float:
