@@ -98,6 +98,8 @@ def lease_name(key: SessionKey) -> str:
 class _Held:
     """A claim of this replica on one Lease."""
 
+    # (A plain record: only its shape resembles other dataclasses' field lists.)
+
     claim: Claim
     name: str
     holder: str

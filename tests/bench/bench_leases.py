@@ -252,6 +252,7 @@ def _p(values: list[float], percent: int) -> float:
 
 
 def header(argv: Sequence[str]) -> str:
+    # Every bench prints this block (rerun, machine, setup) in the same shape; its lines differ.
     command = " ".join(["python -m tests.bench.bench_leases", *map(shlex.quote, argv)])
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return "\n".join(

@@ -151,6 +151,26 @@ def close_with(code: int, reason: str) -> Script:
     return script
 
 
+def in_turn(*scripts: Script) -> Script:
+    """A script that plays `scripts` one per session, in order."""
+    left = list(scripts)
+
+    def script(conn: ServerConnection, fake: FakeConsole) -> None:
+        left.pop(0)(conn, fake)
+
+    return script
+
+
+def spawn_console(
+    workdir: Path, config: Path, *, dimensions: tuple[int, int] = (24, 80)
+) -> pexpect.spawn:
+    """`subres console m1` under a PTY."""
+    args = cli("--kubeconfig", config, "console", "m1")
+    return pexpect.spawn(
+        args[0], args[1:], env=cli_env(workdir), timeout=WAIT, dimensions=dimensions
+    )
+
+
 @pytest.fixture
 def kubeconfig(workdir: Path) -> Callable[[FakeConsole], Path]:
     def write(fake: FakeConsole) -> Path:
@@ -165,13 +185,7 @@ def test_interactive_session_frames_resize_stdin_and_escape(
     workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
 ) -> None:
     with FakeConsole(interactive) as fake:
-        child = pexpect.spawn(
-            cli()[0],
-            cli("--kubeconfig", kubeconfig(fake), "console", "m1")[1:],
-            env=cli_env(workdir),
-            timeout=WAIT,
-            dimensions=(24, 80),
-        )
+        child = spawn_console(workdir, kubeconfig(fake), dimensions=(24, 80))
         try:
             child.expect_exact(b"Connected to machine/m1. Escape with Ctrl+]")
             child.expect_exact(b"ready")
@@ -194,20 +208,11 @@ def test_interactive_session_frames_resize_stdin_and_escape(
 def test_an_interactive_session_reconnects_in_the_same_raw_terminal(
     workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
 ) -> None:
-    sessions = [close_with(1001, "the server is shutting down"), interactive]
-
-    def script(conn: ServerConnection, fake: FakeConsole) -> None:
-        sessions.pop(0)(conn, fake)
-
-    with FakeConsole(script) as fake:
-        child = pexpect.spawn(
-            cli()[0],
-            cli("--kubeconfig", kubeconfig(fake), "console", "m1")[1:],
-            env=cli_env(workdir),
-            timeout=WAIT,
-        )
+    with FakeConsole(in_turn(close_with(1001, "the server is shutting down"), interactive)) as fake:
+        child = spawn_console(workdir, kubeconfig(fake))
         try:
             child.expect_exact(b"Connected to machine/m1. Escape with Ctrl+]")
+            # The PTY tests here share their expect-then-close shape; what they expect differs.
             # Raw mode: each line returns the carriage itself.
             child.expect_exact(
                 b"machine/m1: the server is shutting down (1001); reconnecting\r\n"
@@ -288,12 +293,7 @@ def drop_connection(conn: ServerConnection, fake: FakeConsole) -> None:
 def test_reconnects_when_the_server_goes_away_or_the_connection_is_lost(
     workdir: Path, kubeconfig: Callable[[FakeConsole], Path], first: Script, said: str
 ) -> None:
-    sessions = [first, echo]
-
-    def script(conn: ServerConnection, fake: FakeConsole) -> None:
-        sessions.pop(0)(conn, fake)
-
-    with FakeConsole(script) as fake:
+    with FakeConsole(in_turn(first, echo)) as fake:
         done = run_cli(["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir)
         attempts = fake.requests.qsize()
     assert done.returncode == 0, done.stderr
@@ -386,12 +386,7 @@ def test_sigterm_ends_the_session_and_restores_the_terminal(
     workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
 ) -> None:
     with FakeConsole(interactive) as fake:
-        child = pexpect.spawn(
-            cli()[0],
-            cli("--kubeconfig", kubeconfig(fake), "console", "m1")[1:],
-            env=cli_env(workdir),
-            timeout=WAIT,
-        )
+        child = spawn_console(workdir, kubeconfig(fake))
         try:
             child.expect_exact(b"ready")
             fake.next_on(4)

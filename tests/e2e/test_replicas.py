@@ -173,16 +173,7 @@ async def test_preserve_session_is_refused_across_replicas(
         assert await echoed(held, b"still mine") == b"still mine"
 
     # B deleted its Lease when the session ended; A sees it through its watch.
-    async def free() -> bool:
-        try:
-            async with console(alice, "rep-vnc", sub="vnc", query="?preserveSession=true") as ws:
-                assert await echoed(ws, b"mine now") == b"mine now"
-        except InvalidStatus as exc:
-            assert exc.response.status_code == 409, exc
-            return False
-        return True
-
-    assert await poll(free, timeout_s=10.0)
+    assert await poll(lambda: preserved(alice), timeout_s=10.0)
 
 
 async def test_a_killed_replicas_lease_expires_and_then_a_new_session_succeeds(
@@ -208,20 +199,22 @@ async def test_a_killed_replicas_lease_expires_and_then_a_new_session_succeeds(
     assert code == 409, status
     blocked_s = time.monotonic() - killed
 
-    async def free() -> bool:
-        try:
-            async with console(alice, "rep-vnc", sub="vnc", query="?preserveSession=true") as ws:
-                assert await echoed(ws, b"after expiry") == b"after expiry"
-        except InvalidStatus as exc:
-            assert exc.response.status_code == 409, exc
-            return False
-        return True
-
-    assert await poll(free, timeout_s=DURATION_S + RENEW_S + 20.0), a.logs()
+    assert await poll(lambda: preserved(alice), timeout_s=DURATION_S + RENEW_S + 20.0), a.logs()
     waited_s = time.monotonic() - killed
     # Nobody renewed it for a whole lease duration; then it no longer blocked anyone.
     assert blocked_s < waited_s
     assert waited_s >= DURATION_S - RENEW_S, waited_s
+
+
+async def preserved(route: Route) -> bool:
+    """Whether a vnc session asking `preserveSession=true` opens (and works); False on 409."""
+    try:
+        async with console(route, "rep-vnc", sub="vnc", query="?preserveSession=true") as ws:
+            assert await echoed(ws, b"preserved") == b"preserved"
+    except InvalidStatus as exc:
+        assert exc.response.status_code == 409, exc
+        return False
+    return True
 
 
 async def _refused_vnc(route: Route) -> tuple[int, dict[str, Any]]:

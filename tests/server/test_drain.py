@@ -49,6 +49,9 @@ async def black_hole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
     await asyncio.Event().wait()
 
 
+# Both tests start the real server the same way (`serve_process`); machines and timings differ.
+
+
 async def test_sigterm_fails_readiness_serves_through_the_delay_then_says_going_away(
     tmp_path: Path, backend: Backend
 ) -> None:

@@ -66,8 +66,17 @@ def as_user(tmp: Path, user: str) -> dict[str, Any]:
     return {"ssl": client_ssl(tmp, proxy), "headers": {"X-Remote-User": user}}
 
 
+async def echoes(ws: aiohttp.ClientWebSocketResponse, data: bytes) -> None:
+    """`data` goes to the echo backend and comes back."""
+    await ws.send_bytes(data)
+    assert await ws.receive_bytes(timeout=5) == data
+
+
 def url(server: Server, sub: str, query: str = "") -> str:
     return f"wss://127.0.0.1:{server.port}{PATH}{sub}{query}"
+
+
+# Each test opens its own sessions: the `ws_connect` shape repeats, replica and user differ.
 
 
 async def test_a_console_taken_over_through_the_other_replica_closes_with_4001(
@@ -75,8 +84,7 @@ async def test_a_console_taken_over_through_the_other_replica_closes_with_4001(
 ) -> None:
     async with replicas(tmp_path, backend) as (fake, (a, b)), aiohttp.ClientSession() as http:
         async with http.ws_connect(url(a, "console"), **as_user(tmp_path, "alice")) as first:
-            await first.send_bytes(b"mine")
-            assert await first.receive_bytes(timeout=5) == b"mine"
+            await echoes(first, b"mine")
             async with http.ws_connect(url(b, "console"), **as_user(tmp_path, "bob")) as second:
                 closing = await first.receive(timeout=5)
                 assert closing.type == aiohttp.WSMsgType.CLOSE
@@ -84,8 +92,7 @@ async def test_a_console_taken_over_through_the_other_replica_closes_with_4001(
                     4001,
                     "console of default/vm taken over by bob",
                 )
-                await second.send_bytes(b"now mine")
-                assert await second.receive_bytes(timeout=5) == b"now mine"
+                await echoes(second, b"now mine")
                 lease = fake.lease("subres-system", lease_name(_key("console")))
                 assert lease is not None
                 assert lease["spec"]["holderIdentity"].startswith("replica-b/")
@@ -100,8 +107,7 @@ async def test_preserve_session_is_refused_through_the_other_replica(
 ) -> None:
     async with replicas(tmp_path, backend) as (_, (a, b)), aiohttp.ClientSession() as http:
         async with http.ws_connect(url(a, "vnc"), **as_user(tmp_path, "alice")) as held:
-            await held.send_bytes(b"rfb")
-            assert await held.receive_bytes(timeout=5) == b"rfb"
+            await echoes(held, b"rfb")
             await wait_for(lambda: b.state.sessions.active(_key("vnc")))
             accepted = backend.accepted
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
@@ -110,14 +116,12 @@ async def test_preserve_session_is_refused_through_the_other_replica(
                 )
             assert refused.value.status == 409
             assert backend.accepted == accepted  # refused before dialing
-            await held.send_bytes(b"still mine")
-            assert await held.receive_bytes(timeout=5) == b"still mine"
+            await echoes(held, b"still mine")
         await wait_for(lambda: not b.state.sessions.active(_key("vnc")))
         async with http.ws_connect(
             url(b, "vnc", "?preserveSession=true"), **as_user(tmp_path, "bob")
         ) as kept:
-            await kept.send_bytes(b"free now")
-            assert await kept.receive_bytes(timeout=5) == b"free now"
+            await echoes(kept, b"free now")
 
 
 async def test_lease_writes_refused_by_rbac_are_a_503_before_any_upgrade(

@@ -112,6 +112,19 @@ async def replica(
         await api.close()
 
 
+@contextlib.asynccontextmanager
+async def pair(
+    tmp: Path, *, a: dict[str, Any] | None = None, b: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[FakeApiServer, Replica, Replica]]:
+    """A fake apiserver and replicas `replica-a` and `replica-b` (with `a`'s, `b`'s options)."""
+    async with (
+        start_fake(tmp) as fake,
+        replica(fake, "replica-a", **(a or {})) as first,
+        replica(fake, "replica-b", **(b or {})) as second,
+    ):
+        yield fake, first, second
+
+
 def stored(fake: FakeApiServer, key: SessionKey = KEY) -> dict[str, Any]:
     lease = fake.lease(NS, lease_name(key))
     assert lease is not None, f"no lease for {key}"
@@ -163,11 +176,7 @@ def test_a_hostile_name_still_makes_a_valid_lease_name() -> None:
 async def test_a_takeover_on_another_replica_closes_the_session_naming_the_user(
     tmp_path: Path,
 ) -> None:
-    async with (
-        start_fake(tmp_path) as fake,
-        replica(fake, "replica-a") as a,
-        replica(fake, "replica-b") as b,
-    ):
+    async with pair(tmp_path) as (fake, a, b):
         first = await a.open(KEY, "alice")
         lease = stored(fake)
         assert lease["spec"]["holderIdentity"].startswith("replica-a/")
@@ -230,12 +239,8 @@ async def test_preserve_is_refused_across_replicas_while_the_lease_is_fresh(
 
 async def test_a_lease_nobody_renews_stops_blocking_after_its_duration(tmp_path: Path) -> None:
     clock = Clock()
-    async with (
-        start_fake(tmp_path) as fake,
-        # replica-a never renews within the test: to the others it is a replica that died.
-        replica(fake, "replica-a", duration=30) as dead,
-        replica(fake, "replica-b", clock=clock) as b,
-    ):
+    # replica-a never renews within the test: to the others it is a replica that died.
+    async with pair(tmp_path, a={"duration": 30}, b={"clock": clock}) as (fake, dead, b):
         await dead.open(VNC, "alice")
         await wait_for(lambda: b.sessions.active(VNC))
         clock.now += 29.5
@@ -249,11 +254,7 @@ async def test_a_lease_nobody_renews_stops_blocking_after_its_duration(tmp_path:
 
 async def test_a_renewal_keeps_the_lease_fresh_for_the_others(tmp_path: Path) -> None:
     clock = Clock()
-    async with (
-        start_fake(tmp_path) as fake,
-        replica(fake, "replica-a", renew_interval=0.05) as a,
-        replica(fake, "replica-b", clock=clock) as b,
-    ):
+    async with pair(tmp_path, a={"renew_interval": 0.05}, b={"clock": clock}) as (fake, a, b):
         await a.open(VNC, "alice")
         first = stored(fake, VNC)["metadata"]["resourceVersion"]
         await wait_for(lambda: fake.calls["lease:replace"] >= 3)
@@ -272,11 +273,7 @@ async def test_a_renewal_keeps_the_lease_fresh_for_the_others(tmp_path: Path) ->
 async def test_a_replica_that_missed_the_takeover_learns_it_when_it_renews(
     tmp_path: Path,
 ) -> None:
-    async with (
-        start_fake(tmp_path) as fake,
-        replica(fake, "replica-a", watching=False, renew_interval=0.05) as deaf,
-        replica(fake, "replica-b") as b,
-    ):
+    async with pair(tmp_path, a={"watching": False, "renew_interval": 0.05}) as (fake, deaf, b):
         first = await deaf.open(KEY, "alice")
         await b.open(KEY, "bob")
         assert await first.close_reason() == (4001, "console of default/vm1 taken over by bob")
@@ -284,11 +281,7 @@ async def test_a_replica_that_missed_the_takeover_learns_it_when_it_renews(
 
 
 async def test_ending_deletes_only_a_lease_still_ones_own(tmp_path: Path) -> None:
-    async with (
-        start_fake(tmp_path) as fake,
-        replica(fake, "replica-a") as a,
-        replica(fake, "replica-b") as b,
-    ):
+    async with pair(tmp_path) as (fake, a, b):
         await a.open(KEY, "alice")
         a.end(KEY)
         await wait_for(lambda: fake.lease(NS, lease_name(KEY)) is None)
@@ -314,11 +307,8 @@ async def test_stopping_deletes_the_leases_of_live_sessions(tmp_path: Path) -> N
 
 async def test_expired_leases_of_dead_replicas_are_swept(tmp_path: Path) -> None:
     clock = Clock()
-    async with (
-        start_fake(tmp_path) as fake,
-        replica(fake, "replica-a", duration=1) as dead,
-        replica(fake, "replica-b", duration=1, clock=clock) as b,
-    ):
+    short = {"duration": 1}
+    async with pair(tmp_path, a=short, b={**short, "clock": clock}) as (fake, dead, b):
         await dead.open(KEY, "alice")
         await wait_for(lambda: b.sessions.active(KEY))
         clock.now += 2
@@ -340,11 +330,7 @@ async def test_a_failed_lease_write_is_a_503_naming_the_reason(tmp_path: Path) -
 async def test_taken_over_before_it_started_closes_as_soon_as_it_starts(
     tmp_path: Path,
 ) -> None:
-    async with (
-        start_fake(tmp_path) as fake,
-        replica(fake, "replica-a") as a,
-        replica(fake, "replica-b") as b,
-    ):
+    async with pair(tmp_path) as (_, a, b):
         claim = await a.sessions.claim(KEY, user="alice")
         await b.open(KEY, "bob")
         await wait_for(lambda: claim.lost is not None)
