@@ -60,6 +60,8 @@ class SubresourceSpec:
     """portforward: field path of the list of allowed ports."""
     requires: tuple[Requirement, ...] = ()
     """State rules checked before dialing."""
+    node_local: bool = False
+    """tcp (and udp) endpoints are on the parent's node: its agent dials them (unix always is)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ class ParentSpec:
     version: str
     crd_resource: str
     subresources: Mapping[str, SubresourceSpec]
+    node: str = ".status.nodeName"
+    """Field path of the node the machine runs on; its node-local endpoints go through
+    that node's agent. Empty: every endpoint is dialed directly."""
 
     @property
     def api_version(self) -> str:
@@ -199,7 +204,7 @@ def parse(data: Any) -> Config:
 
 
 def _parent(data: Any) -> ParentSpec:
-    keys = {"resource", "singular", "kind", "source", "subresources"}
+    keys = {"resource", "singular", "kind", "source", "subresources", "node"}
     doc = _mapping(data, "parent", keys)
     resource = _str(doc.get("resource"), "parent.resource")
     source = _mapping(doc.get("source"), f"{resource}.source", {"group", "version", "resource"})
@@ -212,17 +217,21 @@ def _parent(data: Any) -> ParentSpec:
         version=_str(source.get("version"), f"{resource}.source.version"),
         crd_resource=_str(source.get("resource", resource), f"{resource}.source.resource"),
         subresources={name: _subresource(name, spec) for name, spec in subs.items()},
+        node=_str(doc.get("node", ParentSpec.node), f"{resource}.node"),
     )
 
 
 def _subresource(name: str, data: Any) -> SubresourceSpec:
-    doc = _mapping(data, name, {"endpoint", "address", "ports", "require"})
+    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "nodeLocal"})
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
     elif "endpoint" not in doc:
         raise ConfigError(f"{name} needs an `endpoint` field path")
     require = _mapping(doc.get("require", {}), f"{name}.require", None)
+    node_local = doc.get("nodeLocal", False)
+    if not isinstance(node_local, bool):
+        raise ConfigError(f"{name}.nodeLocal must be true or false")
     return SubresourceSpec(
         name=name,
         endpoint=_str(doc.get("endpoint", ""), f"{name}.endpoint"),
@@ -232,6 +241,7 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
             Requirement(path, tuple(_str(v, path) for v in _list(values, path)))
             for path, values in require.items()
         ),
+        node_local=node_local,
     )
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "CustomObjects",
     "ListWatch",
     "Page",
+    "Pods",
     "WatchEvent",
     "connect",
     "status_error",
@@ -217,6 +218,22 @@ class ConfigMaps(_Listing):
     def _request(self, **params: Any) -> Any:
         return self.api._core().list_namespaced_config_map(
             self.namespace, field_selector=self.field_selector, **params
+        )
+
+
+@dataclass(frozen=True)
+class Pods(_Listing):
+    """The pods of one namespace that a label selector picks."""
+
+    api: Api
+    namespace: str
+    """The namespace."""
+    label_selector: str
+    """E.g. `app.kubernetes.io/name=subres-agent`."""
+
+    def _request(self, **params: Any) -> Any:
+        return self.api._core().list_namespaced_pod(
+            self.namespace, label_selector=self.label_selector, **params
         )
 
 

@@ -23,6 +23,7 @@ from subres.auth.authn import Authenticator
 from subres.auth.authz import StandaloneAuthorizer
 from subres.auth.cafile import CAFile
 from subres.auth.tokenfile import TokenFile
+from subres.backends.agent import Agents, ClientTLS, Directory, StaticDirectory
 from subres.kube.cache import ParentCache
 from subres.kube.informer import InformerSettings
 from subres.kube.standalone import FileSource
@@ -152,6 +153,7 @@ def complete(options: Options) -> Server:
         authenticator=authenticator,
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
         tls_ready=tls.ready,
+        agents=_agents(options, StaticDirectory(dict(options.agents))),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 
@@ -177,6 +179,7 @@ async def complete_cluster(
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
         readiness={"authentication-config": lambda: parts.auth.ready},
+        agents=_agents(options, parts.agents or StaticDirectory({})),
     )
     state.metrics.watch_caches(
         {
@@ -185,6 +188,19 @@ async def complete_cluster(
         }
     )
     return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
+
+
+def _agents(options: Options, directory: Directory) -> Agents:
+    """How node-local endpoints are reached: agents need the client certificate files."""
+    tls = None
+    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
+        tls = ClientTLS(
+            cert=options.agent_client_cert_file,
+            key=options.agent_client_key_file,
+            ca=options.agent_ca_file,
+            server_name=options.agent_server_name,
+        )
+    return Agents(directory=directory, tls=tls)
 
 
 def _serving_pair(options: Options) -> tuple[Path, Path]:

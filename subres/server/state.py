@@ -14,6 +14,7 @@ from subres.auth.attributes import Attributes
 from subres.auth.authn import Credentials
 from subres.auth.authz import Decision
 from subres.auth.user import UserInfo
+from subres.backends.agent import Agents
 from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.server import discovery, openapi
@@ -51,6 +52,8 @@ class State:
     """Whether serving certificates are loaded (for /readyz); updated by the TLS watcher."""
     readiness: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     """Further /readyz checks by name (cluster mode: the authentication configuration)."""
+    agents: Agents | None = None
+    """How node-local endpoints are reached; None when no agents are configured."""
     sessions: Sessions = field(default_factory=Sessions)
     metrics: Metrics = field(default_factory=Metrics)
 

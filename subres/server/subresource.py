@@ -17,6 +17,7 @@ from aiohttp import web
 from subres.backends import datagram
 from subres.backends import endpoint as endpoints
 from subres.backends import stream as sockets
+from subres.backends.agent import AgentUnavailable
 from subres.backends.stream import BackendUnavailable, ByteStream
 from subres.config import ParentSpec, SubresourceSpec, field_value
 from subres.kube.status import StatusError
@@ -28,6 +29,7 @@ __all__ = [
     "dial",
     "endpoint_url",
     "forward_url",
+    "node_of",
     "resolve",
     "vet",
 ]
@@ -123,10 +125,17 @@ async def vet(state: State, target: Target, url: str) -> endpoints.Target:
 async def dial(
     state: State, target: Target, vetted: endpoints.Target, *, protocol: str = "tcp"
 ) -> ByteStream:
-    """Connect to a vetted endpoint within the connect timeout (503 Status otherwise)."""
+    """Connect to a vetted endpoint within the connect timeout (503 Status otherwise).
+
+    A node-local endpoint goes through its node's agent, whose refusal keeps its
+    code (403 for its policy, 502/503 for its dial); anything else is dialed here.
+    """
     session = state.config.session
     started = time.monotonic()
     try:
+        node = node_of(target, vetted.endpoint)
+        if node is not None:
+            return await _through_agent(state, target, vetted, node=node, udp=protocol == "udp")
         if protocol == "udp":
             return await datagram.dial(vetted)
         return await sockets.dial(
@@ -137,9 +146,41 @@ async def dial(
         )
     except BackendUnavailable as exc:
         message = f"{target.describe()}: {target.spec.name} unavailable: {exc}"
-        raise StatusError(503, message) from None
+        raise StatusError(exc.code, message) from None
     finally:
         state.metrics.dial_seconds.labels(target.spec.name).observe(time.monotonic() - started)
+
+
+def node_of(target: Target, endpoint: endpoints.Endpoint) -> str | None:
+    """The node whose agent must dial `endpoint`, or None for a direct dial.
+
+    Node-local are every unix socket, and tcp/udp where the subresource says so,
+    of a parent that names its node.
+    """
+    if not target.parent.node:
+        return None
+    node = field_value(target.obj, target.parent.node)
+    if not isinstance(node, str) or not node:
+        return None
+    if endpoint.scheme == "unix" or target.spec.node_local:
+        return node
+    return None
+
+
+async def _through_agent(
+    state: State, target: Target, vetted: endpoints.Target, *, node: str, udp: bool
+) -> ByteStream:
+    if state.agents is None:
+        raise AgentUnavailable(f'no subres agent serves node "{node}" (none configured)')
+    session = state.config.session
+    return await state.agents.dial(
+        node,
+        vetted,
+        datagram=udp,
+        connect_timeout=session.connect_timeout,
+        read_size=session.read_size,
+        purpose=target.describe(),
+    )
 
 
 async def connect(state: State, target: Target, url: str, *, protocol: str = "tcp") -> ByteStream:
