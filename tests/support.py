@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -201,21 +202,29 @@ class Standalone:
 
 @contextlib.asynccontextmanager
 async def start_standalone(
-    tmp: Path, *objects: dict[str, Any], session: dict[str, Any] | None = None
+    tmp: Path,
+    *objects: dict[str, Any],
+    session: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> AsyncIterator[Standalone]:
-    """Start a standalone server with `objects`; stop it afterwards."""
+    """Start a standalone server with `objects`; stop it afterwards.
+
+    `config` adds keys to the configuration file; `options` replaces flags.
+    """
     token = "test-token-" + os.urandom(8).hex()
     (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
     client_ca = certs.generate_ca("test-client-ca")
     client_ca.write(tmp / "client-ca.crt", tmp / "client-ca.key")
-    config = {
+    settings = {
         "endpointPolicy": {"allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(tmp)]},
         "session": {"connectTimeout": 2, **(session or {})},
+        **(config or {}),
     }
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(settings))
     machines = tmp / "machines.yaml"
     machines.write_text(yaml.safe_dump_all(list(objects)))
-    options = Options(
+    flags = Options(
         secure_port=0,
         bind_address="127.0.0.1",
         cert_dir=tmp / "certs",
@@ -230,7 +239,7 @@ async def start_standalone(
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
         shutdown_grace=1.0,
     )
-    server = complete(options)
+    server = complete(dataclasses.replace(flags, **(options or {})))
     await server.start()
     ca = tmp / "certs" / "ca.crt"
     try:

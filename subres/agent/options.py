@@ -12,10 +12,12 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from subres.server.certs import REPLICA_IDENTITY
+
 __all__ = ["AgentOptions", "add_arguments"]
 
 DEFAULT_PORT = 8444
-DEFAULT_ALLOWED_NAMES = ("subres-replica",)
+DEFAULT_ALLOWED_NAMES = (REPLICA_IDENTITY,)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from subres.backends import agent
+from subres.server import certs
 
 __all__ = ["Options", "add_arguments", "add_operator_arguments", "duration"]
 
@@ -120,7 +121,8 @@ class Options:
             agent_ca_file=ns.agent_ca_file,
             agent_client_cert_file=ns.agent_client_cert_file,
             agent_client_key_file=ns.agent_client_key_file,
-            agent_server_name=ns.agent_server_name or f"subres-agent.{ns.service_namespace}.svc",
+            agent_server_name=ns.agent_server_name
+            or f"{certs.AGENT_SERVICE}.{ns.service_namespace}.svc",
             agent_selector=ns.agent_selector,
             agent_port_name=ns.agent_port_name,
         )
