@@ -1,22 +1,22 @@
-"""The real subres, deployed from ``deploy/`` into a real control plane, run as a local process.
+"""The real subres, installed from ``deploy/`` as the README says, run as a local process.
 
 Owns what it takes to put ``subres serve`` (cluster mode) behind a real
-kube-apiserver on this machine:
+kube-apiserver on this machine, following the README's install steps in a
+copy of ``deploy/`` (so that generated keys never land in the checkout):
 
-- ``subres certs`` writes the serving certificate for
-  ``subres.subres-system.svc`` and the APIService caBundle patch;
-- ``kubectl apply -k`` applies an overlay of ``deploy/`` that keeps every
-  piece that makes sense without a kubelet (namespace, CRD, ServiceAccount,
-  server and user RBAC, APIService with the real caBundle) and changes only
-  how the Service is reached: the Deployment and its PodDisruptionBudget are
-  deleted (no controller manager or kubelet would ever run them) and the
-  Service becomes an ExternalName Service for 127.0.0.1 (see
-  ``aggregation.py`` for why that reaches a local process), with the
-  APIService's port set to the local one;
+- ``subres certs --out deploy/certs`` writes the kustomize component with
+  the serving, agent and replica certificates and the APIService caBundle;
+- ``kubectl apply -k`` applies ``deploy/self-signed`` through an overlay that
+  changes only what cannot exist here: the Service becomes an ExternalName
+  Service for 127.0.0.1 (see ``aggregation.py`` for why that reaches a local
+  process) and the APIService's port is the local one. Everything else is
+  created as shipped: namespace, CRD, RBAC, the Deployment and the agent
+  DaemonSet (which no controller runs here), Secrets, APIService;
 - the process runs with a kubeconfig holding a TokenRequest token of the
   ``subres-system/subres`` ServiceAccount, so it has exactly the permissions
   ``deploy/`` grants it, and without ``--requestheader-*`` flags, so it reads
-  ``kube-system/extension-apiserver-authentication`` as in a cluster.
+  ``kube-system/extension-apiserver-authentication`` as in a cluster. It uses
+  the certificates the Deployment mounts, the agent ones included.
 
 It is started and stopped by PID (``controlplane.Process``); every wait is
 bounded and fails with the logs of both subres and kube-apiserver.
@@ -25,7 +25,6 @@ bounded and fails with the logs of both subres and kube-apiserver.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import ssl
 import sys
@@ -85,6 +84,8 @@ class Subres:
     """CA of the serving certificate (the APIService's caBundle)."""
     process: Process
     """The ``python -m subres serve`` child."""
+    cert_files: Path
+    """``deploy/certs`` as ``subres certs`` wrote it (agents use its ``agent.*``)."""
 
     @property
     def url(self) -> str:
@@ -156,18 +157,19 @@ class Subres:
         return f"{self.process.tail()}\n{self.plane.logs()}"
 
 
-async def launch(plane: ControlPlane) -> Subres:
-    """Deploy ``deploy/`` (see the module docstring), start subres, wait for Available.
+async def launch(plane: ControlPlane, *, config: dict[str, object] | None = None) -> Subres:
+    """Install ``deploy/`` (see the module docstring), start subres, wait for Available.
 
-    The caller must ``shutdown()`` the result.
+    `config` becomes its ``--config`` file. The caller must ``shutdown()`` the result.
     """
     workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-server-"))
     try:
         [port] = free_ports(1)
-        overlay = workdir / "overlay"
-        await _subres_certs(overlay / "certs")
-        _write_kustomization(overlay, port)
-        (await plane.kubectl("apply", "--server-side", "-k", str(overlay))).check()
+        shutil.copytree(DEPLOY, workdir / "deploy", ignore=shutil.ignore_patterns("certs"))
+        certs_dir = workdir / "deploy" / "certs"
+        await _subres_certs(workdir, certs_dir.relative_to(workdir))
+        _write_kustomization(workdir / "e2e", port)
+        (await plane.kubectl("apply", "--server-side", "-k", str(workdir / "e2e"))).check()
         (
             await plane.kubectl(
                 "wait", "--for=condition=Established", "crd/machines.subres.dev", "--timeout=30s"
@@ -175,16 +177,17 @@ async def launch(plane: ControlPlane) -> Subres:
         ).check()
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
+        args = _serve_args(certs_dir, workdir / "cert-dir", kubeconfig, port)
+        if config is not None:
+            (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+            args.append(f"--config={workdir / 'config.yaml'}")
         server = Subres(
             plane=plane,
             workdir=workdir,
             port=port,
-            ca=overlay / "certs" / "ca.crt",
-            process=Process(
-                name="subres",
-                args=_serve_args(overlay / "certs", workdir / "cert-dir", kubeconfig, port),
-                log=workdir / "subres.log",
-            ),
+            ca=certs_dir / "ca.crt",
+            process=Process(name="subres", args=args, log=workdir / "subres.log"),
+            cert_files=certs_dir,
         )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -220,6 +223,10 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
         f"--secure-port={port}",
         f"--tls-cert-file={certs_dir / 'tls.crt'}",
         f"--tls-private-key-file={certs_dir / 'tls.key'}",
+        # As the Deployment mounts them: the replicas' side of the agents' mutual TLS.
+        f"--agent-ca-file={certs_dir / 'ca.crt'}",
+        f"--agent-client-cert-file={certs_dir / 'replica.crt'}",
+        f"--agent-client-key-file={certs_dir / 'replica.key'}",
         # Where the CA bundles read from the authentication ConfigMap are written.
         f"--cert-dir={cert_dir}",
         "--shutdown-grace=2",
@@ -227,16 +234,13 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
 
 
 def _write_kustomization(overlay: Path, port: int) -> None:
-    """A kustomization over ``deploy/`` for a server on this machine (certificates in place)."""
+    """``deploy/self-signed`` plus what a server on this machine needs instead of a pod."""
+    overlay.mkdir()
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(DEPLOY, overlay)],
+        "resources": ["../deploy/self-signed"],
         "patches": [
-            # `subres certs` output, as deploy/kustomization.yaml tells operators to use it.
-            {"path": "certs/apiservice-cabundle.yaml"},
-            {"patch": _yaml(_deleted("apps/v1", "Deployment"))},
-            {"patch": _yaml(_deleted("policy/v1", "PodDisruptionBudget"))},
             {
                 "patch": _yaml(
                     {
@@ -266,11 +270,11 @@ def _write_kustomization(overlay: Path, port: int) -> None:
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
 
 
-async def _subres_certs(out: Path) -> None:
-    """Run the real ``subres certs --out`` verb (bounded)."""
+async def _subres_certs(cwd: Path, out: Path) -> None:
+    """Run the real ``subres certs --out deploy/certs`` verb in `cwd`, as the README says."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "subres", "certs", f"--service={SERVICE}",
-        f"--namespace={NAMESPACE}", f"--out={out}",
+        f"--namespace={NAMESPACE}", f"--out={out}", cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -282,16 +286,6 @@ async def _subres_certs(out: Path) -> None:
             await proc.wait()
     if proc.returncode != 0:
         raise ControlPlaneError(f"subres certs exited {proc.returncode}: {output.decode()}")
-
-
-def _deleted(api_version: str, kind: str) -> dict[str, object]:
-    """A strategic-merge patch that drops the object from the output."""
-    return {
-        "$patch": "delete",
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-    }
 
 
 def _yaml(obj: dict[str, object]) -> str:
