@@ -64,7 +64,10 @@ async def handle(settings: Relay, request: web.Request) -> web.StreamResponse:
         response, peer = await upgrade(
             request, [(hdrs.CONNECTION, "Upgrade"), (hdrs.UPGRADE, relay.UPGRADE)]
         )
-        ended = await _relay(peer, backend)
+        if request.transport is not None:
+            # As the replica does: a few frames in flight rather than a pause per frame.
+            request.transport.set_write_buffer_limits(high=4 * settings.read_size)
+        ended = await _relay(peer, backend, datagram=transport is relay.Transport.DATAGRAM)
         log.info("relay to %s ended: %s", target.endpoint, ended)
         await peer.close()
     finally:
@@ -127,7 +130,7 @@ async def _dial(
         raise StatusError(503, f'agent on node "{settings.node}": {exc}') from None
 
 
-async def _relay(peer: UpgradedSocket, backend: ByteStream) -> str:
+async def _relay(peer: UpgradedSocket, backend: ByteStream, *, datagram: bool) -> str:
     """Frames from the replica to the backend and back, until the replica leaves.
 
     The backend's end (EOF, or an error with its reason) goes to the replica
@@ -135,14 +138,14 @@ async def _relay(peer: UpgradedSocket, backend: ByteStream) -> str:
     """
     down = asyncio.create_task(_down(backend, peer))
     try:
-        return await _up(peer, backend)
+        return await _up(peer, backend, datagram=datagram)
     finally:
         down.cancel()
         await asyncio.wait([down])
 
 
-async def _up(peer: UpgradedSocket, backend: ByteStream) -> str:
-    decoder = relay.FrameDecoder()
+async def _up(peer: UpgradedSocket, backend: ByteStream, *, datagram: bool) -> str:
+    decoder = relay.FrameDecoder(partial=not datagram)
     while chunk := await peer.read():
         try:
             events = decoder.feed(chunk)
@@ -174,7 +177,8 @@ async def _down(backend: ByteStream, peer: UpgradedSocket) -> None:
             last = relay.eof()
             break
         try:
-            await peer.write(relay.data(chunk))
+            await peer.write(relay.data_header(len(chunk)))
+            await peer.write(chunk)
         except (OSError, RuntimeError) as exc:
             log.debug("replica write failed: %s", exc)  # the replica left: _up ends the relay
             return

@@ -161,14 +161,18 @@ class Agents:
         loop = asyncio.get_running_loop()
 
         def protocol() -> RelayStream:
-            return RelayStream(high_water=4 * read_size, lost=f"{where} was lost")
+            return RelayStream(
+                high_water=4 * read_size, lost=f"{where} was lost", datagram=datagram
+            )
 
         stream: RelayStream | None = None
         try:
             async with asyncio.timeout(connect_timeout):
-                _, stream = await loop.create_connection(
+                transport, stream = await loop.create_connection(
                     protocol, host, port, ssl=context, server_hostname=self.tls.server_name
                 )
+                # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
+                transport.set_write_buffer_limits(high=4 * read_size)
                 await stream.handshake(target.endpoint, target.address, datagram, purpose)
         except TimeoutError:
             await _discard(stream)
@@ -203,13 +207,13 @@ class RelayStream(SocketStream):
 
     __slots__ = ("_answer", "_body", "_decoder", "_failure", "_http", "_lost_reason", "_status")
 
-    def __init__(self, *, high_water: int, lost: str) -> None:
+    def __init__(self, *, high_water: int, lost: str, datagram: bool) -> None:
         super().__init__(high_water)
         self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
         self._answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._status = 0
         self._body = bytearray()
-        self._decoder = relay.FrameDecoder()
+        self._decoder = relay.FrameDecoder(partial=not datagram)
         self._failure: str | None = None
         self._lost_reason = lost
 
@@ -323,7 +327,10 @@ class RelayStream(SocketStream):
 
     async def write(self, data: bytes) -> None:
         """Send `data` as one frame (one datagram in datagram mode)."""
-        await super().write(relay.data(data))
+        if self._transport is not None and not self._transport.is_closing():
+            # Header and payload as two writes: no copy of the payload to join them.
+            self._transport.write(relay.data_header(len(data)))
+        await super().write(data)
 
     async def write_eof(self) -> None:
         """Tell the agent we are done sending; its backend sees EOF."""

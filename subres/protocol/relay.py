@@ -47,6 +47,7 @@ __all__ = [
     "FrameType",
     "Transport",
     "data",
+    "data_header",
     "eof",
     "error",
 ]
@@ -106,7 +107,12 @@ Event = DataReceived | EofReceived | ErrorReceived
 
 def data(payload: bytes) -> bytes:
     """A DATA frame carrying `payload`."""
-    return _HEADER.pack(FrameType.DATA, len(payload)) + payload
+    return data_header(len(payload)) + payload
+
+
+def data_header(size: int) -> bytes:
+    """The header of a DATA frame of `size` bytes (sent before the payload, saving a copy)."""
+    return _HEADER.pack(FrameType.DATA, size)
 
 
 def eof() -> bytes:
@@ -121,22 +127,47 @@ def error(reason: str) -> bytes:
 
 
 class FrameDecoder:
-    """Bytes in, frame events out, whatever the chunking."""
+    """Bytes in, frame events out, whatever the chunking.
 
-    __slots__ = ("_buffer",)
+    With `partial` (byte streams), a DATA payload is handed out as its bytes
+    arrive, in as many events as the chunking makes: a chunk that is all
+    payload goes out as it is, uncopied. Without it (datagrams), each DATA
+    event is one whole frame.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_buffer", "_partial", "_remaining")
+
+    def __init__(self, *, partial: bool = False) -> None:
         self._buffer = bytearray()
+        self._partial = partial
+        self._remaining = 0
+        """Payload bytes of the current DATA frame still to come (partial mode)."""
 
     def feed(self, chunk: bytes) -> list[Event]:
         """The events completed by `chunk`; raises `FrameError` on a bad frame."""
+        events: list[Event] = []
+        if self._remaining:
+            if len(chunk) <= self._remaining:
+                self._remaining -= len(chunk)
+                return [DataReceived(chunk)] if chunk else []
+            events.append(DataReceived(chunk[: self._remaining]))
+            chunk = chunk[self._remaining :]
+            self._remaining = 0
         if self._buffer:
             self._buffer += chunk
             source: bytes | bytearray = self._buffer
         else:
             # The common case: nothing held back, so frames are cut from `chunk` itself.
             source = chunk
-        events: list[Event] = []
+        offset = self._frames(source, events)
+        if source is self._buffer:
+            del self._buffer[:offset]
+        elif offset < len(source):
+            self._buffer = bytearray(chunk[offset:])
+        return events
+
+    def _frames(self, source: bytes | bytearray, events: list[Event]) -> int:
+        """Append the frames that `source` holds to `events`; the bytes consumed."""
         offset = 0
         size = len(source)
         with memoryview(source) as view:
@@ -144,16 +175,18 @@ class FrameDecoder:
                 kind, length = _HEADER.unpack_from(view, offset)
                 if length > MAX_FRAME:
                     raise FrameError(f"relay frame of {length} bytes exceeds {MAX_FRAME}")
-                end = offset + _HEADER.size + length
+                start = offset + _HEADER.size
+                end = start + length
                 if end > size:
+                    if self._partial and kind == FrameType.DATA:
+                        if start < size:
+                            events.append(DataReceived(bytes(view[start:])))
+                        self._remaining = end - size
+                        return size
                     break
-                events.append(_event(kind, bytes(view[offset + _HEADER.size : end])))
+                events.append(_event(kind, bytes(view[start:end])))
                 offset = end
-        if source is self._buffer:
-            del self._buffer[:offset]
-        elif offset < size:
-            self._buffer = bytearray(chunk[offset:])
-        return events
+        return offset
 
 
 def _event(kind: int, payload: bytes) -> Event:

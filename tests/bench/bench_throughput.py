@@ -7,7 +7,9 @@ of `--mib` MiB in 64 KiB writes, and the CPU seconds per GB of the relay, of
 the client side and of the backend, per direction.
 
 Paths: a socat TCP relay (64 KiB buffers), websockify (WebSocket → TCP), and
-subres's dialects: the console's raw WebSocket (`plain.kubevirt.io`),
+subres's dialects: the console's raw WebSocket (`plain.kubevirt.io`), the
+same console through a node agent (`subres agent`, mutual TLS, as deployed:
+TLS only),
 KubeVirt-style port-forward (`…/portforward/{port}`), Kubernetes-style
 channel port-forward (`?ports=`, `v4.channel.k8s.io`), SPDY/3.1 port-forward
 and SPDY tunnelled in a WebSocket; the last two are driven by client-go
@@ -44,6 +46,7 @@ import yaml
 
 from subres.server import certs
 from tests import gotools
+from tests.bench.agent import NODE, BenchAgent, node_local_console, start_agent
 from tests.bench.client import GROUP_PATH, RAW
 from tests.bench.procs import (
     ROOT,
@@ -78,6 +81,11 @@ PATHS = (
     PathSpec("socat", "socat TCP relay (`-b65536`, fork)"),
     PathSpec("websockify", "websockify (64 KiB messages)"),
     PathSpec("console", f"subres console, raw WebSocket (`{RAW}`)"),
+    PathSpec(
+        "agent-console",
+        f"subres console through the node agent, raw WebSocket (`{RAW}`)",
+        tls_modes=(True,),
+    ),
     PathSpec("kubevirt-pf", "subres port-forward, KubeVirt raw WebSocket (`…/portforward/{port}`)"),
     PathSpec("channel-pf", f"subres port-forward, channel WebSocket (`?ports=`, `{CHANNEL}`)"),
     PathSpec("spdy-pf", "subres port-forward, SPDY/3.1 (client-go)"),
@@ -239,21 +247,26 @@ def write_files(root: Path, sink: int, source: int) -> Files:
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
     policy = {"schemes": ["tcp"], "allowCIDRs": ["127.0.0.0/8"]}
-    (root / "config.yaml").write_text(yaml.safe_dump({"endpointPolicy": policy}))
+    config = {"endpointPolicy": policy, **node_local_console()}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
 
-    def machine(name: str, spec: dict[str, object]) -> dict[str, object]:
+    def machine(name: str, spec: dict[str, object], node: str = "") -> dict[str, object]:
+        status = {"phase": "Running", **({"nodeName": node} if node else {})}
         return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
             "spec": spec,
-            "status": {"phase": "Running"},
+            "status": status,
         }
 
     docs = [
         machine("up", {"console": {"endpoint": f"tcp://127.0.0.1:{sink}"}}),
         machine("down", {"console": {"endpoint": f"tcp://127.0.0.1:{source}"}}),
         machine("pf", {"portForward": {"address": "127.0.0.1", "ports": [sink, source]}}),
+        # On the agent's node: the replica relays their consoles through it.
+        machine("up-agent", {"console": {"endpoint": f"tcp://127.0.0.1:{sink}"}}, NODE),
+        machine("down-agent", {"console": {"endpoint": f"tcp://127.0.0.1:{source}"}}, NODE),
     ]
     (root / "machines.yaml").write_text(yaml.safe_dump_all(docs))
     return Files(root, token, serving)
@@ -355,12 +368,14 @@ class Bench:
         scheme = "wss" if tls else "ws"
         base = f"{scheme}://127.0.0.1:{server.port}{GROUP_PATH}"
         ws = ["ws", *ca, "-token", self.files.token]
-        if spec.key == "console":
+        if spec.key in ("console", "agent-console"):
             raw = [*ws, "-subprotocol", RAW]
+            suffix = "-agent" if spec.key == "agent-console" else ""
+            relay = [server.child] + ([servers.agent.child] if servers.agent and suffix else [])
             return Setup(
-                [server.child],
-                [*raw, "-url", f"{base}/up/console"],
-                [*raw, "-url", f"{base}/down/console"],
+                relay,
+                [*raw, "-url", f"{base}/up{suffix}/console"],
+                [*raw, "-url", f"{base}/down{suffix}/console"],
             )
         if spec.key == "kubevirt-pf":
             raw = [*ws, "-subprotocol", RAW]
@@ -525,6 +540,8 @@ class Servers:
         self.files = files
         self.profile = profile
         self.running: dict[bool, Server] = {}
+        self.agent: BenchAgent | None = None
+        """The node agent every server may relay through (machines `*-agent`)."""
 
     async def get(self, tls: bool) -> Server:
         """The server for `tls`, started if needed."""
@@ -534,7 +551,10 @@ class Servers:
 
     async def _start(self, tls: bool) -> Server:
         root = self.files.root
+        if self.agent is None:
+            self.agent = await start_agent(root, log=root / "agent.log")
         flags = [
+            *self.agent.flags,
             *("--standalone", str(root / "machines.yaml")),
             *("--token-auth-file", str(root / "tokens.csv")),
             *("--config", str(root / "config.yaml")),
@@ -577,6 +597,9 @@ class Servers:
         for server in self.running.values():
             await server.child.stop()
         self.running.clear()
+        if self.agent is not None:
+            await self.agent.child.stop()
+            self.agent = None
 
 
 # --- the run ---------------------------------------------------------------------------------

@@ -58,3 +58,31 @@ def test_a_huge_length_is_refused_before_its_payload_arrives() -> None:
     decoder = relay.FrameDecoder()
     with pytest.raises(relay.FrameError):
         decoder.feed((relay.MAX_FRAME + 1).to_bytes(5, "big"))
+
+
+@given(
+    payloads=st.lists(st.binary(min_size=1, max_size=3000), max_size=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=20000), max_size=12),
+)
+def test_partial_mode_hands_out_payload_bytes_as_they_come(
+    payloads: list[bytes], cuts: list[int]
+) -> None:
+    wire = b"".join(relay.data(p) for p in payloads) + relay.error("x")
+    decoder = relay.FrameDecoder(partial=True)
+    events = []
+    start = 0
+    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
+        events += decoder.feed(wire[start:cut])
+        start = max(start, cut)
+    data = [e for e in events if isinstance(e, relay.DataReceived)]
+    assert b"".join(e.data for e in data) == b"".join(payloads)
+    assert events[-1] == relay.ErrorReceived("x")
+
+
+def test_partial_mode_passes_a_payload_only_chunk_uncopied() -> None:
+    decoder = relay.FrameDecoder(partial=True)
+    assert decoder.feed(relay.data_header(10) + b"abc") == [relay.DataReceived(b"abc")]
+    middle = b"defg"
+    [event] = decoder.feed(middle)
+    assert event.data is middle  # type: ignore[union-attr]
+    assert decoder.feed(b"hij" + relay.eof()) == [relay.DataReceived(b"hij"), relay.EofReceived()]
