@@ -358,7 +358,7 @@ async def test_vm_vnc_rfb_handshake_through_node_a_agent(
         [length] = struct.unpack(">I", await rfb_read(ws, buffer, 4))
         name = await rfb_read(ws, buffer, length)
     assert (width, height) == DISPLAY_SIZE
-    assert name == VM_NAME.encode()
+    assert name == f"QEMU ({VM_NAME})".encode()  # QEMU names its display after -name
 
 
 async def test_vm_port_forward_with_client_go_through_node_a_agent(
