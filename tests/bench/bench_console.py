@@ -5,7 +5,8 @@ It prints markdown tables:
 
 1. Round-trip latency (p50/p99/mean, µs) of small messages through a TCP
    echo backend: directly over TCP, through subres with raw framing
-   (`plain.kubevirt.io`), and through subres with `v5.channel.k8s.io`.
+   (`plain.kubevirt.io`), the same through a node agent (`subres agent`, its
+   own process, mutual TLS), and through subres with `v5.channel.k8s.io`.
 2. Console sessions opened and closed per second (TLS handshake, upgrade,
    backend dial, close handshake), one at a time and with concurrency.
 3. Server memory per idle console session (RSS, PSS and anonymous memory of
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -44,6 +46,7 @@ import yaml
 
 from subres.server import certs
 from tests.bench import memory
+from tests.bench.agent import NODE, node_local_console, start_agent
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
 from tests.bench.procs import Child, build_loadgen, cpu_seconds, spawn
 
@@ -148,6 +151,8 @@ class Files:
 
     root: Path
     token: str
+    agent_flags: tuple[str, ...] = ()
+    """Flags that point the server at the running node agent (`m-agent` goes through it)."""
 
     @property
     def ca(self) -> Path:
@@ -161,17 +166,18 @@ def write_files(root: Path, machines: int, backend_port: int) -> Files:
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
     policy = {"schemes": ["tcp"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
-    (root / "config.yaml").write_text(yaml.safe_dump({"endpointPolicy": policy}))
+    config = {"endpointPolicy": policy, **node_local_console()}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
     endpoint = f"tcp://127.0.0.1:{backend_port}"
     docs = (
         {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
-            "metadata": {"name": f"m{i}", "namespace": "default"},
+            "metadata": {"name": name, "namespace": "default"},
             "spec": {"console": {"endpoint": endpoint}},
-            "status": {"phase": "Running"},
+            "status": {"phase": "Running", **({"nodeName": NODE} if name == "m-agent" else {})},
         }
-        for i in range(machines)
+        for name in ["m-agent", *(f"m{i}" for i in range(machines))]
     )
     # CSafeDumper when available: 5,000 documents take seconds with the pure-Python one.
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -216,6 +222,7 @@ def server_args(files: Files, variant: str, settings: Settings) -> tuple[str, li
         *("--config", str(files.root / "config.yaml")),
         *("--secure-port", "0", "--cert-dir", str(files.root / "certs")),
         *("--bind-address", "127.0.0.1"),
+        *files.agent_flags,
     ]
     if variant == "serve":
         return "subres", ["serve", *flags]
@@ -322,6 +329,10 @@ async def latency_table(server: Server, backend_port: int, settings: Settings) -
         (
             f"subres, WebSocket+TLS, `{RAW}`",
             await ws_roundtrips(server.target, "m0", RAW, n, payload),
+        ),
+        (
+            f"subres, WebSocket+TLS, `{RAW}`, through the node agent (mTLS)",
+            await ws_roundtrips(server.target, "m-agent", RAW, n, payload),
         ),
         (
             f"subres, WebSocket+TLS, `{V5}`",
@@ -437,8 +448,13 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
                 found = await echo.expect(r"port (\d+)")
             backend_port = int(found.group(1))
             files = write_files(Path(tmp), settings.machines, backend_port)
-            async with asyncio.timeout(settings.budget):
-                await run_phases(settings, files, backend_port)
+            agent = await start_agent(Path(tmp), log=Path(tmp) / "agent.log")
+            try:
+                files = dataclasses.replace(files, agent_flags=tuple(agent.flags))
+                async with asyncio.timeout(settings.budget):
+                    await run_phases(settings, files, backend_port)
+            finally:
+                await agent.child.stop()
         finally:
             await echo.stop()
 

@@ -18,5 +18,6 @@ def test_bench_console_prints_its_tables() -> None:
     for title in TABLE_TITLES:
         assert title in out
     assert "| subres, WebSocket+TLS, `v5.channel.k8s.io` |" in out
-    # Every measured row is present: three paths, two concurrencies, one idle level.
-    assert out.count("\n| ") >= 3 + 2 + 1 + 3
+    assert "through the node agent (mTLS) |" in out
+    # Every measured row is present: four paths, two concurrencies, one idle level.
+    assert out.count("\n| ") >= 4 + 2 + 1 + 3
