@@ -29,6 +29,7 @@ __all__ = [
     "Backend",
     "Standalone",
     "machine",
+    "node_local_config",
     "open_fds",
     "start_standalone",
     "wait_for",
@@ -49,6 +50,28 @@ def machine(name: str, *, console: str | None = None, phase: str = "Running") ->
         "spec": spec,
         "status": {"phase": phase},
     }
+
+
+def node_local_config(*node_local: str) -> dict[str, Any]:
+    """A --config `parents` entry for Machines whose `node_local` subresources' tcp
+    endpoints are on the machine's node (dialed by its agent)."""
+    endpoints = {"endpoint": ".spec.console.endpoint"}
+    display = {"endpoint": ".spec.vnc.endpoint"}
+    subresources: dict[str, dict[str, Any]] = {
+        "console": endpoints,
+        "vnc": display,
+        "screenshot": dict(display),
+        "portforward": {"address": ".spec.portForward.address", "ports": ".spec.portForward.ports"},
+    }
+    for name in node_local:
+        subresources[name] = {**subresources[name], "nodeLocal": True}
+    machines = {
+        "resource": "machines",
+        "kind": "Machine",
+        "source": {"group": "subres.dev", "version": "v1alpha1", "resource": "machines"},
+        "subresources": subresources,
+    }
+    return {"parents": [machines]}
 
 
 @dataclass

@@ -19,7 +19,7 @@ import pytest
 from subres.agent.options import AgentOptions
 from subres.agent.run import Agent
 from subres.server import certs
-from tests.support import Standalone, start_standalone
+from tests.support import Standalone, node_local_config, start_standalone
 
 __all__ = ["AgentPKI", "Nodes", "node_machine"]
 
@@ -84,25 +84,7 @@ def replica_options(pki: AgentPKI, agents: dict[str, str]) -> dict[str, Any]:
     }
 
 
-NODE_LOCAL_PORTFORWARD = {
-    "parents": [
-        {
-            "resource": "machines",
-            "kind": "Machine",
-            "source": {"group": "subres.dev", "version": "v1alpha1", "resource": "machines"},
-            "subresources": {
-                "console": {"endpoint": ".spec.console.endpoint"},
-                "vnc": {"endpoint": ".spec.vnc.endpoint"},
-                "screenshot": {"endpoint": ".spec.vnc.endpoint"},
-                "portforward": {
-                    "address": ".spec.portForward.address",
-                    "ports": ".spec.portForward.ports",
-                    "nodeLocal": True,
-                },
-            },
-        }
-    ]
-}
+NODE_LOCAL_PORTFORWARD = node_local_config("portforward")
 
 
 def node_machine(

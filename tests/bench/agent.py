@@ -8,39 +8,23 @@ them through it. Started and stopped by PID like every bench process.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from subres.server import certs
-from tests.bench.procs import Child, spawn
+from tests.bench.procs import Child, spawn, wait_listening
+from tests.support import node_local_config
 
 __all__ = ["NODE", "BenchAgent", "node_local_console", "start_agent"]
 
 NODE = "bench-node"
-START_TIMEOUT = 60.0
 
 
 def node_local_console() -> dict[str, Any]:
     """A --config parent list whose console endpoints are on the machine's node."""
-    return {
-        "parents": [
-            {
-                "resource": "machines",
-                "kind": "Machine",
-                "source": {"group": "subres.dev", "version": "v1alpha1", "resource": "machines"},
-                "subresources": {
-                    "console": {"endpoint": ".spec.console.endpoint", "nodeLocal": True},
-                    "portforward": {
-                        "address": ".spec.portForward.address",
-                        "ports": ".spec.portForward.ports",
-                    },
-                },
-            }
-        ]
-    }
+    return node_local_config("console")
 
 
 @dataclass
@@ -70,17 +54,7 @@ async def start_agent(root: Path, *, log: Path) -> BenchAgent:
         f"--tls-private-key-file={pki / 'agent.key'}", f"--client-ca-file={pki / 'ca.crt'}",
         "--allow-tcp=127.0.0.0/8", log=log, stops_on_eof=False,
     )  # fmt: skip
-    async with asyncio.timeout(START_TIMEOUT):
-        while True:
-            if child.proc.returncode is not None:
-                raise RuntimeError(f"the agent exited with {child.proc.returncode}")
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.1)
-                continue
-            writer.close()
-            break
+    await wait_listening(child, port)
     flags = [
         f"--agent={NODE}=https://127.0.0.1:{port}",
         f"--agent-ca-file={pki / 'ca.crt'}",

@@ -56,6 +56,7 @@ from tests.bench.procs import (
     spawn,
     spawn_program,
     tree_cpu_seconds,
+    wait_listening,
 )
 
 __all__ = ["PATHS", "main"]
@@ -278,23 +279,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-async def wait_listening(child: Child, port: int) -> None:
-    """Wait until `port` accepts connections (the probe connection is closed at once)."""
-    async with asyncio.timeout(START_TIMEOUT):
-        while True:
-            if child.proc.returncode is not None:
-                raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.1)
-                continue
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            return
 
 
 async def port_from_log(child: Child, log: Path) -> int:

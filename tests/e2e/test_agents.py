@@ -42,9 +42,8 @@ from tests.e2e.controlplane import ControlPlane, Process, free_ports, poll, run_
 from tests.e2e.subresserver import NAMESPACE, Subres
 from tests.e2e.test_subres import (
     NS,
-    USERS_GROUP,
     Route,
-    bind,
+    bind_machine_users,
     console,
     machine_path,
     port_forward,
@@ -56,12 +55,11 @@ from tests.examples.test_qemu_vm import (
     BOOT_TIMEOUT,
     DISPLAY_SIZE,
     PROMPT,
-    SCRIPT,
-    START_TIMEOUT,
     free_port,
     read_until,
+    run_script,
 )
-from tests.support import Backend
+from tests.support import Backend, node_local_config
 
 NODES = {"node-a": "127.0.0.2", "node-b": "127.0.0.3"}
 """The stand-in nodes and the loopback address each one's agent listens on."""
@@ -72,23 +70,8 @@ VM_NAME = "vm1"
 def config(root: Path) -> dict[str, Any]:
     """subres's --config: sockets anywhere under `root` (the agents narrow it), and a
     port-forward address that is on the machine's node (QEMU forwards to its loopback)."""
-    machines = {
-        "resource": "machines",
-        "kind": "Machine",
-        "source": {"group": "subres.dev", "version": "v1alpha1", "resource": "machines"},
-        "subresources": {
-            "console": {"endpoint": ".spec.console.endpoint"},
-            "vnc": {"endpoint": ".spec.vnc.endpoint"},
-            "screenshot": {"endpoint": ".spec.vnc.endpoint"},
-            "portforward": {
-                "address": ".spec.portForward.address",
-                "ports": ".spec.portForward.ports",
-                "nodeLocal": True,
-            },
-        },
-    }
     return {
-        "parents": [machines],
+        **node_local_config("portforward"),
         "endpointPolicy": {"socketDirs": [str(root)], "allowCIDRs": ["127.0.0.0/8"]},
     }
 
@@ -111,7 +94,7 @@ def nodes(control_plane: ControlPlane) -> Iterator[TwoNodes]:
     server = run_sync(subresserver.launch(control_plane, config=config(root)))
     agents: dict[str, Process] = {}
     try:
-        run_sync(_bind(control_plane))
+        run_sync(bind_machine_users(control_plane, "agent-machine-users"))
         [port] = free_ports(1)
         for node, address in NODES.items():
             (root / node).mkdir()
@@ -126,16 +109,6 @@ def nodes(control_plane: ControlPlane) -> Iterator[TwoNodes]:
         run_sync(_delete_agent_pods(control_plane))
         run_sync(subresserver.shutdown(server))
         shutil.rmtree(root, ignore_errors=True)
-
-
-async def _bind(plane: ControlPlane) -> None:
-    await plane.ensure_namespace(NS)
-    await bind(
-        plane,
-        "agent-machine-users",
-        subject=f"--group={USERS_GROUP}",
-        check_as=["--as=alice", f"--as-group={USERS_GROUP}"],
-    )
 
 
 def _agent(server: Subres, root: Path, node: str, address: str, port: int) -> Process:
@@ -267,7 +240,7 @@ class Vm:
 def vm(nodes: TwoNodes, control_plane: ControlPlane) -> Iterator[Vm]:
     state = nodes.dir("node-a") / VM_NAME
     vm = Vm(state, free_port())
-    run_sync(_run_script("start", str(state), str(vm.port)))
+    run_sync(run_script("start", str(state), str(vm.port)))
     try:
         spec = {
             "console": {"endpoint": f"unix://{state / 'serial.sock'}"},
@@ -278,22 +251,7 @@ def vm(nodes: TwoNodes, control_plane: ControlPlane) -> Iterator[Vm]:
         run_sync(wait_answer(via_apiserver(control_plane, "alice"), VM_NAME))
         yield vm
     finally:
-        run_sync(_run_script("stop", str(state)))
-
-
-async def _run_script(*args: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        "bash", str(SCRIPT), *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(START_TIMEOUT):
-            output, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, output.decode(errors="replace")
+        run_sync(run_script("stop", str(state)))
 
 
 async def test_vm_console_through_kube_apiserver_and_node_a_agent(
