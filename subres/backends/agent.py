@@ -212,6 +212,8 @@ class RelayStream(SocketStream):
         super().__init__(high_water)
         self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
         self._answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A refusal that arrives after the dial timed out is nobody's to raise: mark it seen.
+        self._answer.add_done_callback(_retrieve)
         self._status = 0
         self._body = bytearray()
         self._decoder = relay.FrameDecoder(partial=not datagram)
@@ -237,7 +239,7 @@ class RelayStream(SocketStream):
         request = self._http.send(h11.Request(method="POST", target=relay.PATH, headers=headers))
         end = self._http.send(h11.EndOfMessage())
         self._transport.write((request or b"") + (end or b""))
-        await asyncio.shield(self._answer)
+        await self._answer
 
     def data_received(self, data: bytes) -> None:
         """The agent's answer, then frames."""
@@ -337,6 +339,11 @@ class RelayStream(SocketStream):
         """Tell the agent we are done sending; its backend sees EOF."""
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(relay.eof())
+
+
+def _retrieve(answer: asyncio.Future[None]) -> None:
+    if not answer.cancelled():
+        answer.exception()
 
 
 def _refusal(status: int, body: bytes) -> Exception:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import resource
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -178,7 +179,7 @@ async def complete_cluster(
         authenticator=parts.authenticator,
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
-        readiness={"authentication-config": lambda: parts.auth.ready},
+        readiness=_readiness(parts),
         agents=_agents(options, parts.agents or StaticDirectory({})),
     )
     state.metrics.watch_caches(
@@ -188,6 +189,16 @@ async def complete_cluster(
         }
     )
     return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
+
+
+def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
+    """Cluster mode's /readyz checks beyond TLS and the parent caches."""
+    checks: dict[str, Callable[[], bool]] = {"authentication-config": lambda: parts.auth.ready}
+    agents = parts.agents
+    if agents is not None:
+        # Until the agent pods are listed, every node would look agentless (503).
+        checks["agent-pods"] = lambda: agents.synced
+    return checks
 
 
 def _agents(options: Options, directory: Directory) -> Agents:
