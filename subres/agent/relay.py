@@ -177,8 +177,8 @@ async def _down(backend: ByteStream, peer: UpgradedSocket) -> None:
             last = relay.eof()
             break
         try:
-            await peer.write(relay.data_header(len(chunk)))
-            await peer.write(chunk)
+            for part in relay.data_frame(chunk):
+                await peer.write(part)
         except (OSError, RuntimeError) as exc:
             log.debug("replica write failed: %s", exc)  # the replica left: _up ends the relay
             return

@@ -330,10 +330,10 @@ class RelayStream(SocketStream):
 
     async def write(self, data: bytes) -> None:
         """Send `data` as one frame (one datagram in datagram mode)."""
-        if self._transport is not None and not self._transport.is_closing():
-            # Header and payload as two writes: no copy of the payload to join them.
-            self._transport.write(relay.data_header(len(data)))
-        await super().write(data)
+        *first, last = relay.data_frame(data)
+        if first and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(first[0])
+        await super().write(last)
 
     async def write_eof(self) -> None:
         """Tell the agent we are done sending; its backend sees EOF."""

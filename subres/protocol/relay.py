@@ -35,6 +35,7 @@ from dataclasses import dataclass
 __all__ = [
     "ENDPOINT_HEADER",
     "FOR_HEADER",
+    "JOIN_BELOW",
     "MAX_FRAME",
     "PATH",
     "TRANSPORT_HEADER",
@@ -47,6 +48,7 @@ __all__ = [
     "FrameType",
     "Transport",
     "data",
+    "data_frame",
     "data_header",
     "eof",
     "error",
@@ -60,6 +62,10 @@ FOR_HEADER = "Subres-For"
 
 MAX_FRAME = 4 << 20
 """The largest payload a decoder accepts: above any read size or datagram."""
+JOIN_BELOW = 16 << 10
+"""Payloads smaller than this go out joined to their header: one write, one TLS record and
+one segment, which keeps an echo's round trip short; larger ones are written apart from
+their header, saving the copy."""
 
 _HEADER = struct.Struct(">BI")
 
@@ -108,6 +114,13 @@ Event = DataReceived | EofReceived | ErrorReceived
 def data(payload: bytes) -> bytes:
     """A DATA frame carrying `payload`."""
     return data_header(len(payload)) + payload
+
+
+def data_frame(payload: bytes) -> tuple[bytes, ...]:
+    """A DATA frame as the writes to make: one joined, or header and payload apart."""
+    if len(payload) < JOIN_BELOW:
+        return (data(payload),)
+    return (data_header(len(payload)), payload)
 
 
 def data_header(size: int) -> bytes:
