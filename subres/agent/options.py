@@ -41,6 +41,8 @@ class AgentOptions:
     """Networks the agent may dial over TCP or UDP; empty turns both off."""
     connect_timeout: float
     read_size: int
+    write_timeout: float = 30.0
+    """Seconds a backend may take no data before its relay fails."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> AgentOptions:
@@ -57,6 +59,7 @@ class AgentOptions:
             allow_tcp=tuple(ns.allow_tcp or ()),
             connect_timeout=ns.connect_timeout,
             read_size=ns.read_size,
+            write_timeout=ns.write_timeout,
         )
 
     def validate(self) -> list[str]:
@@ -82,6 +85,8 @@ class AgentOptions:
             problems.append("--connect-timeout must be positive")
         if self.read_size <= 0:
             problems.append("--read-size must be positive")
+        if self.write_timeout <= 0:
+            problems.append("--write-timeout must be positive")
         return problems
 
 
@@ -113,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--connect-timeout", type=float, default=5.0, help="seconds to dial a backend")
     add("--read-size", type=int, default=65536, help="bytes per backend read")
+    add(
+        "--write-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a backend may take no data before its relay fails",
+    )
     add(
         "--logging-format",
         choices=("text", "json"),

@@ -47,6 +47,8 @@ class Relay:
     allowed_names: frozenset[str]
     connect_timeout: float
     read_size: int
+    write_timeout: float
+    """Seconds a backend may take no data before the relay fails."""
 
 
 async def handle(settings: Relay, request: web.Request) -> web.StreamResponse:
@@ -124,7 +126,10 @@ async def _dial(
         if transport is relay.Transport.DATAGRAM:
             return await datagram.dial(target)
         return await sockets.dial(
-            target, connect_timeout=settings.connect_timeout, read_size=settings.read_size
+            target,
+            connect_timeout=settings.connect_timeout,
+            read_size=settings.read_size,
+            write_timeout=settings.write_timeout,
         )
     except BackendUnavailable as exc:
         raise StatusError(503, f'agent on node "{settings.node}": {exc}') from None

@@ -24,6 +24,7 @@ from subres.config import EndpointPolicySpec
 from subres.protocol import relay as wire
 from subres.server import middleware, tls
 from subres.server.run import raise_open_files_limit
+from subres.streams import internals
 
 __all__ = ["Agent", "build", "main", "policy", "serve"]
 
@@ -52,6 +53,7 @@ def build(options: AgentOptions) -> web.Application:
         allowed_names=frozenset(options.allowed_names),
         connect_timeout=options.connect_timeout,
         read_size=options.read_size,
+        write_timeout=options.write_timeout,
     )
     app = web.Application(middlewares=[middleware.errors], client_max_size=0)
     app.router.add_route("POST", wire.PATH, functools.partial(relay.handle, settings))
@@ -77,7 +79,7 @@ class Agent:
 
     async def start(self) -> int:
         """Listen; the port actually bound."""
-        tls.share_read_buffer()
+        internals.share_ssl_read_buffer()
         await self.runner.setup()
         site = web.TCPSite(
             self.runner,

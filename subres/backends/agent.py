@@ -143,6 +143,7 @@ class Agents:
         datagram: bool,
         connect_timeout: float,
         read_size: int,
+        write_timeout: float,
         purpose: str = "",
     ) -> RelayStream:
         """A relayed connection to `target` through the agent of `node`."""
@@ -163,7 +164,10 @@ class Agents:
 
         def protocol() -> RelayStream:
             return RelayStream(
-                high_water=4 * read_size, lost=f"{where} was lost", datagram=datagram
+                high_water=4 * read_size,
+                write_timeout=write_timeout,
+                lost=f"{where} was lost",
+                datagram=datagram,
             )
 
         stream: RelayStream | None = None
@@ -208,8 +212,8 @@ class RelayStream(SocketStream):
 
     __slots__ = ("_answer", "_body", "_decoder", "_failure", "_http", "_lost_reason", "_status")
 
-    def __init__(self, *, high_water: int, lost: str, datagram: bool) -> None:
-        super().__init__(high_water)
+    def __init__(self, *, high_water: int, write_timeout: float, lost: str, datagram: bool) -> None:
+        super().__init__(high_water=high_water, write_timeout=write_timeout)
         self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
         self._answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A refusal that arrives after the dial timed out is nobody's to raise: mark it seen.
@@ -319,7 +323,9 @@ class RelayStream(SocketStream):
             self._settle(AgentUnavailable(f"the agent closed the connection{why}"))
         elif not self._eof and self._failure is None:
             self._failure = self._lost_reason + (f": {exc}" if exc else "")
-        super().connection_lost(exc)
+        # After the agent's EOF frame the end is clean, whatever TLS said on closing.
+        failure = self._failure
+        super().connection_lost(None if failure is None else ConnectionResetError(failure))
 
     async def read(self) -> bytes:
         """The next chunk (or datagram); b"" after the agent's EOF; raises if the relay failed."""

@@ -179,6 +179,7 @@ async def _through_agent(
         datagram=udp,
         connect_timeout=session.connect_timeout,
         read_size=session.read_size,
+        write_timeout=session.backend_write_timeout,
         purpose=target.describe(),
     )
 

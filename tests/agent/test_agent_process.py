@@ -184,7 +184,7 @@ async def test_a_lost_agent_is_an_error_to_the_reader_never_a_clean_end(
     )
     try:
         stream = await agents.dial(
-            "node-a", target, datagram=False, connect_timeout=5, read_size=65536
+            "node-a", target, datagram=False, connect_timeout=5, read_size=65536, write_timeout=30
         )
         await stream.write(b"ping")
         assert await asyncio.wait_for(stream.read(), 5) == b"ping"
