@@ -47,17 +47,17 @@ from tests.e2e.test_subres import (
     console,
     machine_path,
     port_forward,
+    put_machine,
     refused,
     screenshot,
     via_apiserver,
 )
 from tests.examples.test_qemu_vm import (
-    BOOT_TIMEOUT,
     DISPLAY_SIZE,
-    PROMPT,
     free_port,
     read_until,
     run_script,
+    shell_computes,
 )
 from tests.support import Backend, node_local_config
 
@@ -193,24 +193,6 @@ async def _delete_agent_pods(plane: ControlPlane) -> None:
     )  # fmt: skip
 
 
-async def put_machine(plane: ControlPlane, name: str, node: str, spec: dict[str, Any]) -> None:
-    """A Machine on `node` (status set through the status subresource, as a controller would)."""
-    obj = {
-        "apiVersion": "subres.dev/v1alpha1",
-        "kind": "Machine",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    }
-    (await plane.kubectl("apply", "-f", "-", stdin=json.dumps(obj))).check()
-    status = json.dumps({"status": {"phase": "Running", "nodeName": node}})
-    (
-        await plane.kubectl(
-            "patch", "machine", name, "-n", NS, "--subresource=status", "--type=merge",
-            "-p", status,
-        )
-    ).check()  # fmt: skip
-
-
 async def wait_answer(route: Route, name: str, *, timeout_s: float = 20.0) -> None:
     """Until subres knows the Machine and its node's agent: a console that opens."""
 
@@ -242,12 +224,15 @@ def vm(nodes: TwoNodes, control_plane: ControlPlane) -> Iterator[Vm]:
     vm = Vm(state, free_port())
     run_sync(run_script("start", str(state), str(vm.port)))
     try:
-        spec = {
-            "console": {"endpoint": f"unix://{state / 'serial.sock'}"},
-            "vnc": {"endpoint": f"unix://{state / 'vnc.sock'}"},
-            "portForward": {"address": "127.0.0.1", "ports": [vm.port]},
-        }
-        run_sync(put_machine(control_plane, VM_NAME, "node-a", spec))
+        machine = put_machine(
+            control_plane,
+            VM_NAME,
+            console=f"unix://{state / 'serial.sock'}",
+            vnc=f"unix://{state / 'vnc.sock'}",
+            forward=("127.0.0.1", [vm.port]),
+            node="node-a",
+        )
+        run_sync(machine)
         run_sync(wait_answer(via_apiserver(control_plane, "alice"), VM_NAME))
         yield vm
     finally:
@@ -258,12 +243,7 @@ async def test_vm_console_through_kube_apiserver_and_node_a_agent(
     control_plane: ControlPlane, nodes: TwoNodes, vm: Vm
 ) -> None:
     async with console(via_apiserver(control_plane, "alice"), VM_NAME) as ws:
-        await ws.send(b"\r")
-        async with asyncio.timeout(BOOT_TIMEOUT):
-            await read_until(ws, re.compile(re.escape(PROMPT)))
-        await ws.send(b"echo $((6*7))\r")
-        async with asyncio.timeout(10):
-            await read_until(ws, re.compile(rb"\r\n42\r\n"))
+        await shell_computes(ws)
     relayed = f"relaying unix://{vm.state / 'serial.sock'} for Machine {NS}/{VM_NAME}"
     assert relayed in nodes.agents["node-a"].tail(), nodes.agents["node-a"].tail()
 
@@ -350,9 +330,7 @@ async def test_node_b_has_its_own_agent_and_directory(
 ) -> None:
     backend = await Backend().start_unix(nodes.dir("node-b") / "serial.sock")
     try:
-        await put_machine(
-            control_plane, "on-node-b", "node-b", {"console": {"endpoint": backend.url}}
-        )
+        await put_machine(control_plane, "on-node-b", console=backend.url, node="node-b")
         alice = via_apiserver(control_plane, "alice")
         await wait_answer(alice, "on-node-b")
         payload = os.urandom(256 << 10)
@@ -375,9 +353,7 @@ async def test_a_machine_whose_node_has_no_agent_gets_503_naming_it(
 ) -> None:
     backend = await Backend().start_unix(nodes.root / "node-c.sock")
     try:
-        await put_machine(
-            control_plane, "on-node-c", "node-c", {"console": {"endpoint": backend.url}}
-        )
+        await put_machine(control_plane, "on-node-c", console=backend.url, node="node-c")
         alice = via_apiserver(control_plane, "alice")
 
         async def unserved() -> bool:
@@ -402,9 +378,7 @@ async def test_a_socket_outside_the_agents_directory_is_refused_by_the_agent(
     # path (anything under the test's root), node-a's agent does not.
     backend = await Backend().start_unix(nodes.dir("node-b") / "other.sock")
     try:
-        await put_machine(
-            control_plane, "wrong-dir", "node-a", {"console": {"endpoint": backend.url}}
-        )
+        await put_machine(control_plane, "wrong-dir", console=backend.url, node="node-a")
         alice = via_apiserver(control_plane, "alice")
 
         async def refused_by_agent() -> bool:

@@ -119,8 +119,10 @@ async def put_machine(
     vnc: str | None = None,
     forward: tuple[str, list[int]] | None = None,
     phase: str = "Running",
+    node: str | None = None,
 ) -> None:
-    """Create or update a Machine with real kubectl, then set its status subresource."""
+    """Create or update a Machine with real kubectl, then set its status subresource
+    (`phase`, and `nodeName` when `node` is given)."""
     spec: dict[str, Any] = {}
     if console is not None:
         spec["console"] = {"endpoint": console}
@@ -135,7 +137,7 @@ async def put_machine(
         "spec": spec,
     }
     (await plane.kubectl("apply", "-f", "-", stdin=json.dumps(obj))).check()
-    status = json.dumps({"status": {"phase": phase}})
+    status = json.dumps({"status": {"phase": phase, **({"nodeName": node} if node else {})}})
     (
         await plane.kubectl(
             "patch", "machine", name, "-n", NS, "--subresource=status", "--type=merge", "-p", status

@@ -140,6 +140,16 @@ async def web_page(subres: Standalone, port: int) -> bytes:
         return b"".join([message async for message in ws if isinstance(message, bytes)])
 
 
+async def shell_computes(ws: ClientConnection) -> None:
+    """Wait (booting) for the serial shell's prompt, then have it compute 6*7."""
+    await ws.send(b"\r")
+    async with asyncio.timeout(BOOT_TIMEOUT):
+        await read_until(ws, re.compile(re.escape(PROMPT)))
+    await ws.send(b"echo $((6*7))\r")
+    async with asyncio.timeout(10):
+        await read_until(ws, re.compile(rb"\r\n42\r\n"))
+
+
 async def test_real_vm_console_screenshot_and_port_forward(tmp_path: Path) -> None:
     state, port = tmp_path / "vm", free_port()
     async with (
@@ -147,12 +157,7 @@ async def test_real_vm_console_screenshot_and_port_forward(tmp_path: Path) -> No
         start_standalone(tmp_path, example_machine(state, port)) as subres,
         console(subres) as ws,
     ):
-        await ws.send(b"\r")
-        async with asyncio.timeout(BOOT_TIMEOUT):
-            await read_until(ws, re.compile(re.escape(PROMPT)))
-        await ws.send(b"echo $((6*7))\r")
-        async with asyncio.timeout(10):
-            await read_until(ws, re.compile(rb"\r\n42\r\n"))
+        await shell_computes(ws)
 
         status, body = await https_get(subres, "screenshot")
         assert status == 200, body
