@@ -34,16 +34,8 @@ V5 = "v5.channel.k8s.io"
 
 
 def ws(subres: Standalone, name: str, sub: str, *protocols: str) -> connect:
-    return connect(
-        subres.url(name, sub),
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth,
-        subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
-        compression=None,
-        max_size=None,
-        open_timeout=10,
-        close_timeout=10,
-    )
+    """The shared websockets client recipe, for subresource `sub` of Machine `name`."""
+    return subres.websocket(subres.url(name, sub), *protocols)
 
 
 async def echoed(conn: ClientConnection, payload: bytes, *, channel: bool) -> bytes:
