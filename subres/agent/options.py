@@ -46,7 +46,7 @@ class AgentOptions:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> AgentOptions:
-        """Options from parsed arguments."""
+        """Options from parsed arguments (one field per flag, as `subres serve`'s)."""
         return cls(
             node_name=ns.node_name,
             bind_address=ns.bind_address,

@@ -22,9 +22,8 @@ from aiohttp import hdrs, web
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from subres.backends import datagram
+from subres.backends import direct
 from subres.backends import endpoint as endpoints
-from subres.backends import stream as sockets
 from subres.backends.stream import BackendUnavailable, ByteStream
 from subres.config import EndpointPolicySpec
 from subres.kube.status import StatusError
@@ -123,10 +122,9 @@ async def _dial(
     settings: Relay, target: endpoints.Target, transport: relay.Transport
 ) -> ByteStream:
     try:
-        if transport is relay.Transport.DATAGRAM:
-            return await datagram.dial(target)
-        return await sockets.dial(
+        return await direct.dial(
             target,
+            udp=transport is relay.Transport.DATAGRAM,
             connect_timeout=settings.connect_timeout,
             read_size=settings.read_size,
             write_timeout=settings.write_timeout,

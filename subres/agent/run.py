@@ -79,6 +79,8 @@ class Agent:
 
     async def start(self) -> int:
         """Listen; the port actually bound."""
+        # The same listener recipe as `subres serve`'s Server.start, for another app and
+        # TLS context; the replica's also starts informers and file watchers around it.
         internals.share_ssl_read_buffer()
         await self.runner.setup()
         site = web.TCPSite(

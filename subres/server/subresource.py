@@ -14,9 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from subres.backends import datagram
+from subres.backends import direct
 from subres.backends import endpoint as endpoints
-from subres.backends import stream as sockets
 from subres.backends.agent import AgentUnavailable
 from subres.backends.stream import BackendUnavailable, ByteStream
 from subres.config import ParentSpec, SubresourceSpec, field_value
@@ -136,10 +135,9 @@ async def dial(
         node = node_of(target, vetted.endpoint)
         if node is not None:
             return await _through_agent(state, target, vetted, node=node, udp=protocol == "udp")
-        if protocol == "udp":
-            return await datagram.dial(vetted)
-        return await sockets.dial(
+        return await direct.dial(
             vetted,
+            udp=protocol == "udp",
             connect_timeout=session.connect_timeout,
             read_size=session.read_size,
             write_timeout=session.backend_write_timeout,

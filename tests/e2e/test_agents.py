@@ -209,6 +209,19 @@ async def wait_answer(route: Route, name: str, *, timeout_s: float = 20.0) -> No
     assert await poll(opens, timeout_s=timeout_s), f"{name} never served"
 
 
+async def refusal(route: Route, name: str) -> tuple[int, dict[str, Any]]:
+    """How a console to `name` is refused, once subres has the Machine (no more 404)."""
+    seen: tuple[int, dict[str, Any]] = (0, {})
+
+    async def known() -> bool:
+        nonlocal seen
+        seen = await refused(route, name)
+        return seen[0] != 404
+
+    assert await poll(known, timeout_s=20.0), f"{name} never reached subres"
+    return seen
+
+
 # -- the VM behind node-a's agent ------------------------------------------------------
 
 
@@ -354,18 +367,10 @@ async def test_a_machine_whose_node_has_no_agent_gets_503_naming_it(
     backend = await Backend().start_unix(nodes.root / "node-c.sock")
     try:
         await put_machine(control_plane, "on-node-c", console=backend.url, node="node-c")
-        alice = via_apiserver(control_plane, "alice")
-
-        async def unserved() -> bool:
-            code, status = await refused(alice, "on-node-c")
-            if code == 404:
-                return False  # not in subres's cache yet
-            assert code == 503, status
-            assert status["reason"] == "ServiceUnavailable"
-            assert 'no subres agent serves node "node-c"' in status["message"], status
-            return True
-
-        assert await poll(unserved, timeout_s=20.0)
+        code, status = await refusal(via_apiserver(control_plane, "alice"), "on-node-c")
+        assert code == 503, status
+        assert status["reason"] == "ServiceUnavailable"
+        assert 'no subres agent serves node "node-c"' in status["message"], status
         assert backend.accepted == 0
     finally:
         await backend.stop()
@@ -379,18 +384,10 @@ async def test_a_socket_outside_the_agents_directory_is_refused_by_the_agent(
     backend = await Backend().start_unix(nodes.dir("node-b") / "other.sock")
     try:
         await put_machine(control_plane, "wrong-dir", console=backend.url, node="node-a")
-        alice = via_apiserver(control_plane, "alice")
-
-        async def refused_by_agent() -> bool:
-            code, status = await refused(alice, "wrong-dir")
-            if code == 404:
-                return False
-            assert code == 403, status
-            assert 'agent on node "node-a"' in status["message"], status
-            assert "outside the allowed directories" in status["message"], status
-            return True
-
-        assert await poll(refused_by_agent, timeout_s=20.0)
+        code, status = await refusal(via_apiserver(control_plane, "alice"), "wrong-dir")
+        assert code == 403, status
+        assert 'agent on node "node-a"' in status["message"], status
+        assert "outside the allowed directories" in status["message"], status
         assert backend.accepted == 0
         assert "refused" in nodes.agents["node-a"].tail()
     finally:
