@@ -15,14 +15,20 @@ from typing import Any
 
 import yaml
 
+from subres import fields
+
 __all__ = [
+    "ANY_PORT",
     "SUBRESOURCES",
     "Config",
     "ConfigError",
     "EndpointPolicySpec",
+    "InstanceSpec",
     "ParentSpec",
     "Requirement",
+    "Scalar",
     "SessionSpec",
+    "SshSpec",
     "SubresourceSpec",
     "field_value",
     "load",
@@ -30,6 +36,10 @@ __all__ = [
 ]
 
 SUBRESOURCES = ("console", "vnc", "screenshot", "portforward")
+ANY_PORT = "any"
+"""`ports: any`: the parent kind opts in to forwarding every port (KubeVirt restricts none)."""
+
+Scalar = str | int | float | bool
 
 
 class ConfigError(ValueError):
@@ -38,12 +48,41 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Requirement:
-    """A state rule: the field at `path` must hold one of `values`."""
+    """A state rule: the field at `path` must hold one of `values` (or none of them)."""
 
     path: str
     """Field path in the parent object, e.g. `.status.phase`."""
-    values: tuple[str, ...]
-    """Accepted values; anything else answers 409 naming the value found."""
+    values: tuple[Scalar, ...]
+    """Accepted values (`in`), or with `negate` the refused ones (`notIn`)."""
+    negate: bool = False
+    """True for `notIn`: the rule fails when the field holds one of `values`."""
+    code: int = 409
+    """HTTP code of the Status when the rule fails (KubeVirt: 400 for "not running")."""
+    message: str = ""
+    """The Status message when the rule fails; empty for one naming the field and value."""
+
+    def holds(self, value: Any) -> bool:
+        """Whether the field's `value` satisfies the rule (`true` never equals `1`)."""
+        found = any(
+            isinstance(v, bool) == isinstance(value, bool) and v == value for v in self.values
+        )
+        return found != self.negate
+
+
+@dataclass(frozen=True)
+class SshSpec:
+    """How a subresource logs in to an SSH server: `ssh://` endpoints, or a jump host."""
+
+    credentials: str = ""
+    """Field path of the name of the Secret (in the parent's namespace) with the credentials."""
+    host_key: str = ""
+    """Field path of a pinned host key fingerprint (`SHA256:…`), used without known_hosts."""
+    command: str = ""
+    """console: run this, not a login shell (`console 1`, `virsh console {.metadata.name}`)."""
+    term: str = "xterm-256color"
+    """console: TERM of the PTY."""
+    via: str = ""
+    """portforward: the `ssh://` jump host (field path or template) the targets are dialed from."""
 
 
 @dataclass(frozen=True)
@@ -53,13 +92,17 @@ class SubresourceSpec:
     name: str
     """One of `SUBRESOURCES`."""
     endpoint: str = ""
-    """Field path of the backend URL (`tcp://`, `unix://`); empty for portforward."""
+    """The backend URL (`tcp://`, `unix://`): a field path (`.spec.console.endpoint`), or a
+    template with field paths in braces (`unix:///run/vms/{.metadata.name}/serial.sock`);
+    empty for portforward."""
     address: str = ""
     """portforward: field path of the address to dial."""
     ports: str = ""
-    """portforward: field path of the list of allowed ports."""
+    """portforward: field path of the allowed ports, or `any`."""
     requires: tuple[Requirement, ...] = ()
-    """State rules checked before dialing."""
+    """State rules checked before dialing, in order; the first that fails answers."""
+    ssh: SshSpec | None = None
+    """SSH login for `ssh://` endpoints (and for portforward, the jump host)."""
     node_local: bool = False
     """tcp (and udp) endpoints are on the parent's node: its agent dials them (unix always is)."""
 
@@ -77,6 +120,9 @@ class ParentSpec:
     version: str
     crd_resource: str
     subresources: Mapping[str, SubresourceSpec]
+    instance: InstanceSpec | None = None
+    """When set, subresources act on an owned object of another parent kind (a KubeVirt
+    VirtualMachine's VirtualMachineInstance); `subresources` then read that object."""
     node: str = ".status.nodeName"
     """Field path of the node the machine runs on; its node-local endpoints go through
     that node's agent. Empty: every endpoint is dialed directly."""
@@ -85,6 +131,16 @@ class ParentSpec:
     def api_version(self) -> str:
         """The `apiVersion` the parent objects carry."""
         return f"{self.group}/{self.version}"
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Where a parent's subresources are served from: the same-named object of another kind."""
+
+    resource: str
+    """The other parent kind (`resource` of another entry of `parents`)."""
+    requires: tuple[Requirement, ...] = ()
+    """Rules on this parent, checked before the instance is looked up."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +179,8 @@ class SessionSpec:
     """Seconds a VNC server has, once dialed, to deliver a screenshot before 504."""
     backend_write_timeout: float = 30.0
     """Seconds a write may wait on a backend that takes no byte before the session ends (1011)."""
+    ssh_idle_timeout: float = 60.0
+    """Seconds a shared SSH connection stays open after its last session ended."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +192,9 @@ class Config:
     parents: tuple[ParentSpec, ...] = field(default_factory=lambda: (_default_parent(),))
     policy: EndpointPolicySpec = EndpointPolicySpec()
     session: SessionSpec = SessionSpec()
+    server_version: Mapping[str, str] = field(default_factory=dict)
+    """Fields of the `…/{version}/version` document that replace subres's own (KubeVirt's
+    clients compare `gitVersion` with theirs)."""
 
     def parent(self, resource: str) -> ParentSpec | None:
         """The parent kind served under `resource`."""
@@ -167,13 +228,8 @@ def _default_parent() -> ParentSpec:
 
 
 def field_value(obj: Mapping[str, Any], path: str) -> Any:
-    """The value at a `.a.b.c` field path, or None when any step is missing."""
-    value: Any = obj
-    for part in path.strip(".").split("."):
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return value
+    """The value at a field path (`fields.path` grammar), or None when any step is missing."""
+    return fields.path(path).get(obj)
 
 
 def load(path: Path | None) -> Config:
@@ -189,10 +245,11 @@ def load(path: Path | None) -> Config:
 
 def parse(data: Any) -> Config:
     """A validated `Config` from the file's decoded YAML."""
-    doc = _mapping(data, "config", {"group", "version", "parents", "endpointPolicy", "session"})
+    keys = {"group", "version", "parents", "endpointPolicy", "session", "serverVersion"}
+    doc = _mapping(data, "config", keys)
     default = Config()
     parents = doc.get("parents")
-    return Config(
+    cfg = Config(
         group=_str(doc.get("group", default.group), "group"),
         version=_str(doc.get("version", default.version), "version"),
         parents=tuple(_parent(p) for p in _list(parents, "parents"))
@@ -200,11 +257,19 @@ def parse(data: Any) -> Config:
         else default.parents,
         policy=_policy(doc.get("endpointPolicy", {})),
         session=_session(doc.get("session", {})),
+        server_version=_server_version(doc.get("serverVersion", {})),
     )
+    for parent in cfg.parents:
+        if parent.instance is not None and cfg.parent(parent.instance.resource) in (None, parent):
+            raise ConfigError(
+                f"{parent.resource}.instance.resource: {parent.instance.resource!r} "
+                "must be another parent of this file"
+            )
+    return cfg
 
 
 def _parent(data: Any) -> ParentSpec:
-    keys = {"resource", "singular", "kind", "source", "subresources", "node"}
+    keys = {"resource", "singular", "kind", "source", "subresources", "instance", "node"}
     doc = _mapping(data, "parent", keys)
     resource = _str(doc.get("resource"), "parent.resource")
     source = _mapping(doc.get("source"), f"{resource}.source", {"group", "version", "resource"})
@@ -217,32 +282,126 @@ def _parent(data: Any) -> ParentSpec:
         version=_str(source.get("version"), f"{resource}.source.version"),
         crd_resource=_str(source.get("resource", resource), f"{resource}.source.resource"),
         subresources={name: _subresource(name, spec) for name, spec in subs.items()},
+        instance=_instance(doc["instance"], f"{resource}.instance") if "instance" in doc else None,
         node=_str(doc.get("node", ParentSpec.node), f"{resource}.node"),
     )
 
 
+def _instance(data: Any, what: str) -> InstanceSpec:
+    doc = _mapping(data, what, {"resource", "require"})
+    return InstanceSpec(
+        resource=_str(doc.get("resource"), f"{what}.resource"),
+        requires=_requirements(doc.get("require", {}), f"{what}.require"),
+    )
+
+
 def _subresource(name: str, data: Any) -> SubresourceSpec:
-    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "nodeLocal"})
+    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "ssh", "nodeLocal"})
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
     elif "endpoint" not in doc:
-        raise ConfigError(f"{name} needs an `endpoint` field path")
-    require = _mapping(doc.get("require", {}), f"{name}.require", None)
+        raise ConfigError(f"{name} needs an `endpoint` field path or template")
+    ports = _str(doc.get("ports", ""), f"{name}.ports")
     node_local = doc.get("nodeLocal", False)
     if not isinstance(node_local, bool):
         raise ConfigError(f"{name}.nodeLocal must be true or false")
     return SubresourceSpec(
         name=name,
-        endpoint=_str(doc.get("endpoint", ""), f"{name}.endpoint"),
-        address=_str(doc.get("address", ""), f"{name}.address"),
-        ports=_str(doc.get("ports", ""), f"{name}.ports"),
-        requires=tuple(
-            Requirement(path, tuple(_str(v, path) for v in _list(values, path)))
-            for path, values in require.items()
-        ),
+        endpoint=_source(doc.get("endpoint"), f"{name}.endpoint"),
+        address=_path(doc.get("address"), f"{name}.address"),
+        ports=ports if ports == ANY_PORT else _path(ports or None, f"{name}.ports"),
+        requires=_requirements(doc.get("require", {}), f"{name}.require"),
+        ssh=_ssh(name, doc["ssh"]) if "ssh" in doc else None,
         node_local=node_local,
     )
+
+
+def _ssh(name: str, data: Any) -> SshSpec:
+    what = f"{name}.ssh"
+    doc = _mapping(data, what, {"credentials", "hostKey", "command", "term", "via"})
+    if "credentials" not in doc:
+        raise ConfigError(f"{what} needs `credentials`: the field path of a Secret's name")
+    if "via" in doc and name != "portforward":
+        raise ConfigError(f"{what}.via is for portforward only")
+    if ("command" in doc or "term" in doc) and name != "console":
+        raise ConfigError(f"{what}: command and term are for console only")
+    command = _str(doc.get("command", ""), f"{what}.command")
+    if "{" in command or "}" in command:
+        try:
+            fields.template(command)
+        except fields.FieldError as exc:
+            raise ConfigError(f"{what}.command: {exc}") from None
+    return SshSpec(
+        credentials=_path(doc["credentials"], f"{what}.credentials"),
+        host_key=_path(doc.get("hostKey"), f"{what}.hostKey"),
+        command=command,
+        term=_str(doc.get("term", SshSpec.term), f"{what}.term"),
+        via=_source(doc.get("via"), f"{what}.via"),
+    )
+
+
+def _requirements(data: Any, what: str) -> tuple[Requirement, ...]:
+    """Rules as a list of `{field, in | notIn, code, message}`, or the short mapping form
+    `{.status.phase: [Running]}` (`in`, code 409)."""
+    if isinstance(data, dict):
+        return tuple(
+            Requirement(_path(path, what), _scalars(values, f"{what}.{path}"))
+            for path, values in data.items()
+        )
+    return tuple(_rule(item, f"{what}[{i}]") for i, item in enumerate(_list(data, what)))
+
+
+def _rule(data: Any, what: str) -> Requirement:
+    doc = _mapping(data, what, {"field", "in", "notIn", "code", "message"})
+    if ("in" in doc) == ("notIn" in doc):
+        raise ConfigError(f"{what}: give exactly one of `in` and `notIn`")
+    code = doc.get("code", 409)
+    if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
+        raise ConfigError(f"{what}.code must be an HTTP error code (400-599)")
+    return Requirement(
+        path=_path(doc.get("field"), f"{what}.field"),
+        values=_scalars(doc.get("in", doc.get("notIn")), what),
+        negate="notIn" in doc,
+        code=code,
+        message=_str(doc.get("message", ""), f"{what}.message"),
+    )
+
+
+def _scalars(data: Any, what: str) -> tuple[Scalar, ...]:
+    values = _list(data, what)
+    for value in values:
+        if not isinstance(value, str | int | float | bool):
+            raise ConfigError(f"{what}: {value!r} is not a string, number or boolean")
+    return tuple(values)
+
+
+def _path(data: Any, what: str) -> str:
+    """A field path, checked now so a typo fails at start instead of on a request."""
+    if data is None:
+        return ""
+    try:
+        return fields.path(_str(data, what)).text
+    except fields.FieldError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+def _source(data: Any, what: str) -> str:
+    """A field path (`.a.b`) or a template with `{.a.b}` placeholders, checked now."""
+    if data is None:
+        return ""
+    text = _str(data, what)
+    try:
+        fields.value_source(text)
+    except fields.FieldError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    return text
+
+
+def _server_version(data: Any) -> dict[str, str]:
+    keys = {"gitVersion", "gitCommit", "gitTreeState", "buildDate", "goVersion", "compiler"}
+    doc = _mapping(data, "serverVersion", keys | {"platform"})
+    return {key: _str(value, f"serverVersion.{key}") for key, value in doc.items()}
 
 
 def _policy(data: Any) -> EndpointPolicySpec:
@@ -278,6 +437,7 @@ def _session(data: Any) -> SessionSpec:
         "maxMessage",
         "screenshotTimeout",
         "backendWriteTimeout",
+        "sshIdleTimeout",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -293,6 +453,9 @@ def _session(data: Any) -> SessionSpec:
         ),
         backend_write_timeout=_positive(
             doc.get("backendWriteTimeout", default.backend_write_timeout), "backendWriteTimeout"
+        ),
+        ssh_idle_timeout=_positive(
+            doc.get("sshIdleTimeout", default.ssh_idle_timeout), "sshIdleTimeout"
         ),
     )
 

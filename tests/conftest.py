@@ -4,10 +4,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.gotools import kubectl_bin, kubepeer_bin
+from tests.gotools import kubectl_bin, kubepeer_bin, virtctl_bin
 from tests.support import Backend
 
-__all__ = ["backend", "kubectl_bin", "kubepeer_bin"]
+__all__ = ["backend", "kubectl_bin", "kubepeer_bin", "virtctl_bin"]
 
 
 @pytest.fixture

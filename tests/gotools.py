@@ -7,22 +7,33 @@ module's sources and the link flags, so an unchanged tool is built only once per
 machine. Builds hold a file lock: parallel pytest workers wait for one build
 instead of racing, and only one Go build runs at a time on the small CI machine.
 
+Some peers are commands of a published module that cannot be imported as a
+library, such as KubeVirt's ``virtctl`` (its go.mod points at ``./staging``
+directories the module zip leaves out): ``UPSTREAM`` builds those from a copy
+of the module with its ``replace`` lines pointed at the published modules.
+
 A cold build of kubectl takes minutes, longer than the default per-test timeout,
 so CI should build before pytest starts::
 
-    python -m tests.gotools kubectl kubepeer spdypeer kube-apiserver etcd
+    python -m tests.gotools kubectl kubepeer spdypeer kube-apiserver etcd virtctl
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -104,10 +115,14 @@ def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def _run_go(args: list[str], cwd: Path) -> None:
+def _run_go(args: list[str], cwd: Path, *, mod_flag: bool = True) -> str:
+    """Run go; its standard output (its diagnostics go into the error when it fails)."""
     env = dict(os.environ)
-    # -mod=mod lets go complete go.sum itself instead of failing on a missing line.
-    env["GOFLAGS"] = f"{env.get('GOFLAGS', '')} -mod=mod".strip()
+    if mod_flag:
+        # -mod=mod lets go complete go.sum itself instead of failing on a missing line.
+        env["GOFLAGS"] = f"{env.get('GOFLAGS', '')} -mod=mod".strip()
+    # A module copied from the module cache may carry a go.work; builds here never use one.
+    env["GOWORK"] = "off"
     try:
         # A new session lets a timeout kill go's compiler children too.
         proc = subprocess.Popen(
@@ -116,19 +131,19 @@ def _run_go(args: list[str], cwd: Path) -> None:
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
     except FileNotFoundError as exc:
         raise GoBuildError(f"cannot run {args[0]!r}: is Go installed and on PATH?") from exc
     try:
-        output, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
+        output, errors = proc.communicate(timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+        output, errors = proc.communicate()
         raise GoBuildError(
-            f"{' '.join(args)} (in {cwd}) timed out after {BUILD_TIMEOUT_S:.0f}s:\n{output}"
+            f"{' '.join(args)} (in {cwd}) timed out after {BUILD_TIMEOUT_S:.0f}s:\n{output}{errors}"
         ) from exc
     except BaseException:
         # Interrupted (Ctrl-C, pytest-timeout): leave no compiler running behind us.
@@ -137,36 +152,135 @@ def _run_go(args: list[str], cwd: Path) -> None:
         raise
     if proc.returncode != 0:
         raise GoBuildError(
-            f"{' '.join(args)} (in {cwd}) failed with exit code {proc.returncode}:\n{output}"
+            f"{' '.join(args)} (in {cwd}) failed with exit code {proc.returncode}:\n"
+            f"{output}{errors}"
         )
+    return output
 
 
 def build(tool: str) -> Path:
-    """Build ``tools/<tool>`` if needed and return the cached binary's path."""
+    """Build ``tools/<tool>`` (or the ``UPSTREAM`` command of that name) if needed."""
+    if tool in UPSTREAM:
+        return build_upstream(UPSTREAM[tool])
     src = TOOLS / tool
     if not (src / "go.mod").is_file():
         raise GoBuildError(f"no Go module at {src}")
     flags = ldflags(src)
-    bindir = cache_dir() / "bin"
-    target = bindir / f"{tool}-{source_key(src, flags)}"
+    with _building(f"{tool}-{source_key(src, flags)}") as partial:
+        if partial is not None:
+            args = ["go", "build", "-trimpath", "-buildvcs=false", "-ldflags", flags]
+            _run_go([*args, "-o", str(partial), "."], cwd=src)
+    return _target(f"{tool}-{source_key(src, flags)}")
+
+
+def _target(name: str) -> Path:
+    return cache_dir() / "bin" / name
+
+
+@contextlib.contextmanager
+def _building(name: str) -> Iterator[Path | None]:
+    """Where to write the binary `name`, or None when it is cached already.
+
+    The body builds into the path given; on success it becomes the cached binary.
+    """
+    target = _target(name)
     if _is_executable(target):
-        return target
-    bindir.mkdir(parents=True, exist_ok=True)
+        yield None
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
     # One lock for every tool: besides stopping two workers building the same
     # binary, it keeps to one Go build at a time on a 2-core machine.
-    with (bindir / ".build.lock").open("a") as lock:
+    with (target.parent / ".build.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _is_executable(target):  # another worker built it while we waited
-            return target
+            yield None
+            return
         # Build beside the target and rename, so no one ever sees half a binary.
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
         try:
-            args = ["go", "build", "-trimpath", "-buildvcs=false", "-ldflags", flags]
-            _run_go([*args, "-o", str(partial), "."], cwd=src)
+            yield partial
             partial.replace(target)
         finally:
             partial.unlink(missing_ok=True)
-    return target
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A command built from the source tree of a published module at a pinned version."""
+
+    module: str
+    version: str
+    package: str
+    """The command's package, relative to the module root."""
+    replace: tuple[tuple[str, str], ...]
+    """(module, version): replace lines of the module's go.mod to point at these instead."""
+    version_package: str
+    """Package whose gitVersion/gitCommit/gitTreeState/buildDate the release stamps."""
+
+    def key(self) -> str:
+        """Hash of the recipe: a new version or replacement makes a new binary."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
+
+UPSTREAM = {
+    # KubeVirt's go.mod replaces its api and client-go with ./staging directories that the
+    # module zip does not contain; the published modules of the same release are those trees.
+    "virtctl": Upstream(
+        module="kubevirt.io/kubevirt",
+        version="v1.7.0",
+        package="./cmd/virtctl",
+        replace=(("kubevirt.io/api", "v1.7.0"), ("kubevirt.io/client-go", "v1.7.0")),
+        version_package="kubevirt.io/client-go/version",
+    ),
+}
+
+
+def build_upstream(recipe: Upstream) -> Path:
+    """Build `recipe` once: download the module, copy it, re-point its replaces, build."""
+    name = f"{recipe.package.rsplit('/', 1)[-1]}-{recipe.key()}"
+    with _building(name) as partial:
+        if partial is not None:
+            with tempfile.TemporaryDirectory(prefix="subres-upstream-") as scratch:
+                _build_copy(recipe, Path(scratch), partial)
+    return _target(name)
+
+
+def _build_copy(recipe: Upstream, scratch: Path, out: Path) -> None:
+    # The proxy serves exact versions even where it refuses to list them.
+    info = json.loads(
+        _run_go(
+            ["go", "mod", "download", "-json", f"{recipe.module}@{recipe.version}"],
+            cwd=scratch,
+            mod_flag=False,
+        )
+    )
+    src = scratch / "src"
+    shutil.copytree(info["Dir"], src)
+    for path in [src, *src.rglob("*")]:  # the module cache is read-only
+        path.chmod(path.stat().st_mode | 0o200)
+    for work in ("go.work", "go.work.sum"):
+        (src / work).unlink(missing_ok=True)
+    edits = [f"-replace={mod}={mod}@{version}" for mod, version in recipe.replace]
+    _run_go(["go", "mod", "edit", *edits], cwd=src)
+    origin = info.get("Origin") or {}
+    stamp = {
+        "gitVersion": recipe.version,
+        "gitCommit": origin.get("Hash", ""),
+        "gitTreeState": "clean",
+        "buildDate": _info_time(Path(info["Info"])),
+    }
+    flags = " ".join(
+        ["-s", "-w", *(f"-X {recipe.version_package}.{k}={v}" for k, v in stamp.items())]
+    )
+    args = ["go", "build", "-trimpath", "-buildvcs=false", "-ldflags", flags]
+    _run_go([*args, "-o", str(out), recipe.package], cwd=src)
+
+
+def _info_time(path: Path) -> str:
+    """The release's commit time from the proxy's .info file (a stable build date)."""
+    with contextlib.suppress(OSError, ValueError):
+        return str(json.loads(path.read_text()).get("Time", ""))
+    return ""
 
 
 def kubectl() -> Path:
@@ -179,6 +293,11 @@ def kubepeer() -> Path:
     return build("kubepeer")
 
 
+def virtctl() -> Path:
+    """KubeVirt's virtctl at the release `UPSTREAM` pins, unmodified."""
+    return build("virtctl")
+
+
 @pytest.fixture(scope="session")
 def kubectl_bin() -> Path:
     return kubectl()
@@ -189,9 +308,14 @@ def kubepeer_bin() -> Path:
     return kubepeer()
 
 
+@pytest.fixture(scope="session")
+def virtctl_bin() -> Path:
+    return virtctl()
+
+
 def main(argv: list[str]) -> int:
     """Build the named tools (all in tools/ when none is named), printing their paths."""
-    tools = argv or sorted(p.parent.name for p in TOOLS.glob("*/go.mod"))
+    tools = argv or sorted([*(p.parent.name for p in TOOLS.glob("*/go.mod")), *UPSTREAM])
     for tool in tools:
         started = time.monotonic()
         try:

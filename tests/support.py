@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
+import signal
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import websockets
 import yaml
 from websockets.asyncio.client import connect
@@ -28,6 +32,8 @@ __all__ = [
     "GROUP_VERSION",
     "Backend",
     "Standalone",
+    "end_process",
+    "free_port",
     "machine",
     "node_local_config",
     "open_fds",
@@ -38,17 +44,24 @@ __all__ = [
 GROUP_VERSION = "subresources.subres.dev/v1alpha1"
 
 
-def machine(name: str, *, console: str | None = None, phase: str = "Running") -> dict[str, Any]:
-    """A Machine object."""
-    spec: dict[str, Any] = {}
+def machine(
+    name: str,
+    *,
+    console: str | None = None,
+    phase: str = "Running",
+    spec: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Machine object; `spec` and `status` add to what the other arguments say."""
+    body: dict[str, Any] = {}
     if console is not None:
-        spec["console"] = {"endpoint": console}
+        body["console"] = {"endpoint": console}
     return {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-        "status": {"phase": phase},
+        "spec": {**body, **(spec or {})},
+        "status": {"phase": phase, **(status or {})},
     }
 
 
@@ -166,7 +179,13 @@ class Standalone:
 
     def url(self, name: str, sub: str = "console", *, scheme: str = "wss") -> str:
         """A subresource URL of machine `default/name`."""
-        path = f"/apis/{GROUP_VERSION}/namespaces/default/machines/{name}/{sub}"
+        return self.api_url(f"machines/{name}/{sub}", scheme=scheme)
+
+    def api_url(self, path: str, *, scheme: str = "wss") -> str:
+        """`…/namespaces/default/{path}` in the served group-version, or a full `/apis` path."""
+        cfg = self.server.state.config
+        if not path.startswith("/"):
+            path = f"/apis/{cfg.group}/{cfg.version}/namespaces/default/{path}"
         return f"{scheme}://127.0.0.1:{self.server.port}{path}"
 
     def websocket(self, url: str, *protocols: str, close_timeout: float = 10) -> connect:
@@ -181,6 +200,27 @@ class Standalone:
             open_timeout=5,
             close_timeout=close_timeout,
         )
+
+    async def refused(self, url: str, *protocols: str) -> tuple[int, dict[str, Any]]:
+        """A WebSocket upgrade of `url` that must be refused: its code and Status body."""
+        with pytest.raises(websockets.InvalidStatus) as info:
+            async with self.websocket(url, *protocols):
+                pass
+        response = info.value.response
+        status: dict[str, Any] = json.loads(response.body or b"{}")
+        assert status.get("kind") == "Status" and status.get("code") == response.status_code
+        return response.status_code, status
+
+    async def echoed(self, url: str, payload: bytes, *protocols: str) -> bytes:
+        """Send `payload` on a new raw WebSocket to `url`; as many bytes as came back (bounded)."""
+        async with self.websocket(url, *protocols) as ws, asyncio.timeout(30):
+            await ws.send(payload)
+            got = b""
+            while len(got) < len(payload):
+                message = await ws.recv()
+                assert isinstance(message, bytes)
+                got += message
+            return got
 
     @property
     def auth(self) -> dict[str, str]:
@@ -233,7 +273,9 @@ async def start_standalone(
 ) -> AsyncIterator[Standalone]:
     """Start a standalone server with `objects`; stop it afterwards.
 
-    `config` adds keys to the configuration file; `options` replaces flags.
+    `config` replaces top-level keys of the test configuration (loopback and `tmp`
+    allowed, a 2 s connect timeout), e.g. `group`, `version` and `parents` of a profile;
+    `options` replaces flags.
     """
     token = "test-token-" + os.urandom(8).hex()
     (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
@@ -277,6 +319,30 @@ async def start_standalone(
         )
     finally:
         await server.stop()
+
+
+async def end_process(
+    proc: asyncio.subprocess.Process, sig: signal.Signals = signal.SIGTERM
+) -> None:
+    """Send `sig` to a child still running, wait a bounded time, then kill it.
+
+    (tests/e2e/test_subres.py keeps its own: kubepeer ends on stdin EOF, not a signal.)
+    """
+    if proc.returncode is None:
+        proc.send_signal(sig)
+    try:
+        async with asyncio.timeout(10):
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A loopback port nothing listens on now (for programs that must be told one)."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def open_fds() -> int:

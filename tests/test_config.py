@@ -100,3 +100,103 @@ def test_field_value() -> None:
     assert config.field_value(obj, ".spec.console.endpoint") == "tcp://a:1"
     assert config.field_value(obj, ".status.phase") is None
     assert config.field_value(obj, ".spec.nothing.here") is None
+
+
+def _kubevirt_like(**subresources: object) -> dict[str, object]:
+    return {
+        "parents": [
+            {
+                "resource": "virtualmachineinstances",
+                "kind": "VirtualMachineInstance",
+                "source": {"group": "kubevirt.io", "version": "v1"},
+                "subresources": subresources,
+            },
+            {
+                "resource": "virtualmachines",
+                "kind": "VirtualMachine",
+                "source": {"group": "kubevirt.io", "version": "v1"},
+                "instance": {
+                    "resource": "virtualmachineinstances",
+                    "require": [{"field": ".status.created", "in": [True], "code": 409}],
+                },
+                "subresources": {"portforward": {"address": ".a", "ports": "any"}},
+            },
+        ]
+    }
+
+
+def test_state_rules_carry_their_own_codes_and_messages() -> None:
+    cfg = config.parse(
+        _kubevirt_like(
+            console={
+                "endpoint": "unix:///run/vms/{.metadata.uid}/serial",
+                "require": [
+                    {"field": ".status.phase", "notIn": ["Failed"], "code": 409},
+                    {"field": ".status.phase", "in": ["Running"], "code": 400,
+                     "message": "VMI is not running"},
+                ],
+            },
+            portforward={"address": ".status.interfaces[0].ipAddress", "ports": "any"},
+        )
+    )  # fmt: skip
+    vmis, vms = cfg.parents
+    failed, running = vmis.subresources["console"].requires
+    assert (failed.negate, failed.code, running.code) == (True, 409, 400)
+    assert running.message == "VMI is not running"
+    assert not failed.holds("Failed") and failed.holds("Pending") and failed.holds(None)
+    assert running.holds("Running") and not running.holds("Scheduled")
+    assert vmis.subresources["portforward"].ports == config.ANY_PORT
+    assert vms.instance == config.InstanceSpec(
+        "virtualmachineinstances", (config.Requirement(".status.created", (True,), code=409),)
+    )
+
+
+def test_booleans_never_equal_numbers() -> None:
+    rule = config.Requirement(".status.ready", (True,))
+    assert rule.holds(True) and not rule.holds(1) and not rule.holds("true")
+    assert config.Requirement(".x", (1,)).holds(1) and not config.Requirement(".x", (1,)).holds(
+        True
+    )
+
+
+def test_the_version_document_fields_come_from_the_file() -> None:
+    cfg = config.parse({"serverVersion": {"gitVersion": "v1.7.0"}})
+    assert cfg.server_version == {"gitVersion": "v1.7.0"}
+
+
+def _one_console(console: object) -> dict[str, object]:
+    return {
+        "parents": [
+            {
+                "resource": "x",
+                "kind": "X",
+                "source": {"group": "g", "version": "v"},
+                "subresources": {"console": console},
+            }
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (_one_console({"endpoint": "tcp://{.a:1"}), "console.endpoint: template"),
+        (_one_console({"endpoint": ".a..b"}), "console.endpoint: field path"),
+        (_one_console({"endpoint": ".a", "require": [{"field": ".p", "in": ["A"], "code": 200}]}),
+         "code must be an HTTP error code"),
+        (_one_console({"endpoint": ".a", "require": [{"field": ".p", "in": [], "notIn": []}]}),
+         "exactly one of `in` and `notIn`"),
+        (_one_console({"endpoint": ".a", "require": [{"field": "p", "in": ["A"]}]}),
+         "field path"),
+        (_one_console({"endpoint": ".a", "require": {".p": [["nested"]]}}),
+         "not a string, number or boolean"),
+        ({"serverVersion": {"gitversion": "v1"}}, "unknown keys"),
+        (
+            {"parents": [{**_kubevirt_like()["parents"][1]}]},  # type: ignore[index]
+            "must be another parent",
+        ),
+    ],
+)  # fmt: skip
+def test_rule_and_template_errors_name_the_problem(data: object, words: str) -> None:
+    with pytest.raises(config.ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        config.parse(data)

@@ -84,8 +84,13 @@ async def test_demo_writes_what_it_promises(demo: Demo) -> None:
     config = yaml.safe_load(demo.kubeconfig().read_text())
     assert config["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{demo.port}"
     assert f"subres --kubeconfig {demo.kubeconfig()} console demo" in demo.banner
-    names = [m["metadata"]["name"] for m in yaml.safe_load_all((demo.dir / "machines.yaml").open())]
-    assert names == ["demo", "stopped"]
+    docs = list(yaml.safe_load_all((demo.dir / "machines.yaml").open()))
+    assert [m["metadata"]["name"] for m in docs if m["kind"] == "Machine"] == ["demo", "stopped"]
+    # The console is an SSH server on loopback; its key is in a Secret only the user may read.
+    [login] = [d for d in docs if d["kind"] == "Secret"]
+    assert set(login["stringData"]) == {"ssh-privatekey", "known_hosts"}
+    assert docs[0]["spec"]["console"]["endpoint"].startswith("ssh://demo@127.0.0.1:")
+    assert ((demo.dir / "machines.yaml").stat().st_mode & 0o077) == 0
     assert (demo.kubeconfig().stat().st_mode & 0o077) == 0
 
 

@@ -54,6 +54,9 @@ def from_request(method: str, path: str) -> Attributes:
     namespace = ""
     if rest[0] == "namespaces" and len(rest) >= 3:
         namespace, rest = rest[1], rest[2:]
+    name = rest[1] if len(rest) > 1 else ""
+    if verb == "get" and not name:
+        verb = "list"  # as kube-apiserver's RequestInfo: a GET of a collection lists it
     return Attributes(
         verb=verb,
         path=path,
@@ -62,6 +65,6 @@ def from_request(method: str, path: str) -> Attributes:
         version=version,
         namespace=namespace,
         resource=rest[0],
-        name=rest[1] if len(rest) > 1 else "",
+        name=name,
         subresource=rest[2] if len(rest) > 2 else "",
     )

@@ -12,11 +12,12 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from subres.config import EndpointPolicySpec
 
 __all__ = [
+    "SSH_PORT",
     "Endpoint",
     "EndpointError",
     "EndpointForbidden",
@@ -50,6 +51,9 @@ class EndpointUnresolved(EndpointError):
     code = 503
 
 
+SSH_PORT = 22
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """A parsed backend URL."""
@@ -58,12 +62,15 @@ class Endpoint:
     host: str = ""
     port: int = 0
     path: str = ""
+    user: str = ""
+    """ssh: the login name, when the URL gives one."""
 
     def __str__(self) -> str:
         if self.scheme == "unix":
             return f"unix://{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
+        user = f"{self.user}@" if self.user else ""
+        return f"{self.scheme}://{user}{host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,11 @@ class Target:
 
 
 def parse(url: str) -> Endpoint:
-    """An `Endpoint` from `tcp://host:port` or `unix:///path`."""
-    parts = urlsplit(url)
+    """An `Endpoint` from `tcp://host:port`, `unix:///path` or `ssh://[user@]host[:port]`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unbalanced IPv6 bracket
+        raise EndpointInvalid(f"endpoint {url!r} is not a URL: {exc}") from None
     if parts.scheme == "unix":
         path = parts.path or parts.netloc
         if not path.startswith("/"):
@@ -90,7 +100,21 @@ def parse(url: str) -> Endpoint:
         if not parts.hostname or not port:
             raise EndpointInvalid(f"tcp endpoint {url!r} needs a host and a port")
         return Endpoint("tcp", host=parts.hostname, port=port)
+    if parts.scheme == "ssh":
+        return _ssh(url, parts)
     raise EndpointInvalid(f"unsupported endpoint scheme in {url!r}")
+
+
+def _ssh(url: str, parts: SplitResult) -> Endpoint:
+    try:
+        port = parts.port or SSH_PORT
+    except ValueError:
+        raise EndpointInvalid(f"ssh endpoint {url!r} has a bad port") from None
+    if parts.password is not None:
+        raise EndpointInvalid(f"ssh endpoint {url!r} carries a password: use the Secret")
+    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise EndpointInvalid(f"ssh endpoint {url!r} must be ssh://[user@]host[:port]")
+    return Endpoint("ssh", host=parts.hostname, port=port, user=unquote(parts.username or ""))
 
 
 async def check(endpoint: Endpoint, policy: EndpointPolicySpec) -> Target:

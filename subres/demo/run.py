@@ -2,11 +2,12 @@
 
 Claims the state directory (a second demo there refuses before it touches
 anything: `subres.demo.claim`), writes it (certificates, a random token, a
-kubeconfig, the machines file, the config), starts the demo machine's
-console (a shell in a PTY on a unix socket), its display (a small VNC server
-on another), its web page (the port-forward target) and a standalone server
-on loopback, prints what to try, and stops cleanly on Ctrl+C or SIGTERM.
-Quiet by default: no access log.
+kubeconfig, the machines file with the Secret of the console's SSH key, the
+config), starts the demo machine's console (a shell in a PTY behind an SSH
+server on loopback, so that window sizes reach it), its display (a small VNC
+server on a unix socket), its web page (the port-forward target) and a
+standalone server on loopback, prints what to try, and stops cleanly on
+Ctrl+C or SIGTERM. Quiet by default: no access log.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncssh
 import yaml
 
 from subres.demo import claim as claims
-from subres.demo.shell import ShellServer
+from subres.demo.sshd import SshShellServer
 from subres.demo.vnc import VncServer
 from subres.demo.website import Website
 from subres.server import certs
@@ -50,10 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_operator_arguments(parser)
 
 
-def prepare(state_dir: Path, port: int, *, web_port: int, access_log: bool = False) -> Options:
+def prepare(
+    state_dir: Path,
+    port: int,
+    *,
+    web_port: int,
+    console: SshShellServer,
+    access_log: bool = False,
+) -> Options:
     """Write the state directory's files; the server options that use them.
 
-    `web_port` is where the demo machine's web page listens (its port-forward target).
+    `web_port` is where the demo machine's web page listens (its port-forward target);
+    `console` is its SSH console server, started (its port and key go into the files).
     """
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     state_dir = state_dir.resolve()
@@ -64,7 +74,9 @@ def prepare(state_dir: Path, port: int, *, web_port: int, access_log: bool = Fal
         tokens.write_text(f'{secrets.token_urlsafe(32)},demo,demo-uid,"demo-users"\n')
         tokens.chmod(0o600)
     _write_yaml(state_dir / "config.yaml", _config(state_dir))
-    (state_dir / "machines.yaml").write_text(_machines(state_dir, web_port))
+    machines = state_dir / "machines.yaml"
+    machines.touch(mode=0o600)  # it holds the console's SSH key
+    machines.write_text(_machines(state_dir, web_port, console))
     return Options(
         secure_port=port,
         bind_address=ADDRESS,
@@ -85,32 +97,61 @@ def prepare(state_dir: Path, port: int, *, web_port: int, access_log: bool = Fal
 
 
 def _config(state_dir: Path) -> dict[str, object]:
+    running = {".status.phase": ["Running"]}
+    vnc = {"endpoint": ".spec.vnc.endpoint", "require": running}
+    console = {
+        "endpoint": ".spec.console.endpoint",
+        "require": running,
+        "ssh": {"credentials": ".spec.console.sshSecret"},
+    }
+    forward = {
+        "address": ".spec.portForward.address",
+        "ports": ".spec.portForward.ports",
+        "require": running,
+    }
+    machines = {
+        "resource": "machines",
+        "kind": "Machine",
+        "source": {"group": "subres.dev", "version": "v1alpha1"},
+        "subresources": {"console": console, "vnc": vnc, "screenshot": vnc, "portforward": forward},
+    }
     return {
         "endpointPolicy": {
-            "schemes": ["unix", "tcp"],
+            "schemes": ["unix", "tcp", "ssh"],
             "allowCIDRs": ["127.0.0.0/8", "::1/128"],
             "socketDirs": [str(state_dir)],
-        }
+        },
+        "parents": [machines],
     }
 
 
-def _machines(state_dir: Path, web_port: int) -> str:
+def _machines(state_dir: Path, web_port: int, console: SshShellServer) -> str:
     def machine(name: str, phase: str) -> dict[str, object]:
         return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {
-                "console": {"endpoint": f"unix://{state_dir / 'console.sock'}"},
+                "console": {
+                    "endpoint": f"ssh://demo@{ADDRESS}:{console.port}",
+                    "sshSecret": "demo-console",
+                },
                 "vnc": {"endpoint": f"unix://{state_dir / 'vnc.sock'}"},
                 "portForward": {"address": ADDRESS, "ports": [web_port]},
             },
             "status": {"phase": phase},
         }
 
+    key = bytes(console.client_private.export_private_key("openssh")).decode()
+    login = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "demo-console", "namespace": "default"},
+        "stringData": {"ssh-privatekey": key, "known_hosts": console.known_hosts()},
+    }
     header = "# Machines the demo serves; edit me, subres re-reads this file.\n"
     return header + yaml.safe_dump_all(
-        [machine("demo", "Running"), machine("stopped", "Stopped")], sort_keys=False
+        [machine("demo", "Running"), machine("stopped", "Stopped"), login], sort_keys=False
     )
 
 
@@ -153,7 +194,7 @@ def write_kubeconfig(state_dir: Path, port: int) -> Path:
 class Demo:
     """The running parts: the machine's console, display and web page, and the server."""
 
-    shell: ShellServer
+    shell: SshShellServer
     display: VncServer
     website: Website
     server: Server | None = None
@@ -163,14 +204,21 @@ class Demo:
     async def start(cls, state_dir: Path, port: int, *, access_log: bool = False) -> Demo:
         """Write `state_dir` (absolute) and start everything; stops what started on failure."""
         demo = cls(
-            ShellServer(state_dir / "console.sock", shell=os.environ.get("SHELL", "/bin/sh")),
+            SshShellServer(
+                shell=os.environ.get("SHELL", "/bin/sh"),
+                host_key=asyncssh.generate_private_key("ssh-ed25519"),
+                client_key=asyncssh.generate_private_key("ssh-ed25519"),
+                inputrc=state_dir / "inputrc",
+            ),
             VncServer(state_dir / "vnc.sock"),
             Website(),
         )
         try:
             web_port = await demo.website.start()
-            options = prepare(state_dir, port, web_port=web_port, access_log=access_log)
             await demo.shell.start()
+            options = prepare(
+                state_dir, port, web_port=web_port, console=demo.shell, access_log=access_log
+            )
             await demo.display.start()
             demo.server = complete(options)
             bound = await demo.server.start()

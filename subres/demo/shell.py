@@ -1,9 +1,11 @@
-"""The demo machine's serial console: a shell in a PTY behind a unix socket.
+"""A shell in a PTY behind a unix socket, and the PTY parts the demo's SSH console shares.
 
 Each connection gets a fresh shell. Bytes from the socket go to the PTY;
 the PTY's output goes back. When the client half-closes, the shell is sent
-EOF (Ctrl+D, as often as it takes: see `_EndOfInput`) so piped scripts end;
-when the shell exits, the socket closes.
+EOF (Ctrl+D, as often as it takes: see `EndOfInput`) so piped scripts end;
+when the shell exits, the socket closes. `subres demo` serves its shell
+through `subres.demo.sshd` (a socket carries no window size); this server is
+the serial console of the tests' KubeVirt-style machines.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import termios
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ShellServer"]
+__all__ = ["EOT", "EndOfInput", "ShellServer", "hang_up", "pty_streams", "spawn", "write_inputrc"]
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +45,7 @@ class ShellServer:
 
     async def start(self) -> None:
         """Listen on the socket path (replacing a stale socket)."""
-        includes = [Path("/etc/inputrc"), Path(self.home, ".inputrc")]
-        self.inputrc.write_text(
-            INPUTRC.format(includes="".join(f"$include {p}\n" for p in includes if p.is_file()))
-        )
+        write_inputrc(self.inputrc, home=self.home)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
@@ -75,33 +74,48 @@ class ShellServer:
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         master, slave = pty.openpty()
-        env = {
-            **os.environ,
-            "TERM": "xterm-256color",
-            "PS1": "demo$ ",
-            "INPUTRC": str(self.inputrc),
-        }
         try:
-            proc = await asyncio.create_subprocess_exec(
-                self.shell,
-                "-i",
-                stdin=slave,
-                stdout=slave,
-                stderr=slave,
-                env=env,
-                cwd=self.home,
-                start_new_session=True,
-            )
+            proc = await spawn(self.shell, tty=slave, home=self.home, inputrc=self.inputrc)
         finally:
             os.close(slave)
         try:
             await _relay(master, reader, writer)
         finally:
             os.close(master)
-            await _end(proc)
+            await hang_up(proc)
 
 
-async def _relay(master: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def write_inputrc(path: Path, *, home: str) -> None:
+    """The demo shell's readline settings: the user's, bracketed paste off."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    includes = [Path("/etc/inputrc"), Path(home, ".inputrc")]
+    path.write_text(
+        INPUTRC.format(includes="".join(f"$include {p}\n" for p in includes if p.is_file()))
+    )
+
+
+async def spawn(
+    shell: str, *, tty: int, home: str, inputrc: Path, term: str = "xterm-256color"
+) -> asyncio.subprocess.Process:
+    """An interactive `shell` on the PTY follower `tty`, in a session of its own."""
+    env = {**os.environ, "TERM": term, "PS1": "demo$ ", "INPUTRC": str(inputrc)}
+    return await asyncio.create_subprocess_exec(
+        shell,
+        "-i",
+        stdin=tty,
+        stdout=tty,
+        stderr=tty,
+        env=env,
+        cwd=home,
+        start_new_session=True,
+    )
+
+
+async def pty_streams(master: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A reader of the shell's output and a writer of its input, over the PTY leader.
+
+    Each uses a duplicate of `master`, which the caller still closes.
+    """
     loop = asyncio.get_running_loop()
     tty_out = asyncio.StreamReader(limit=1 << 17)
     await loop.connect_read_pipe(
@@ -110,8 +124,12 @@ async def _relay(master: int, reader: asyncio.StreamReader, writer: asyncio.Stre
     transport, protocol = await loop.connect_write_pipe(
         asyncio.streams.FlowControlMixin, os.fdopen(os.dup(master), "wb", 0)
     )
-    tty_in = asyncio.StreamWriter(transport, protocol, None, loop)
-    end_of_input = _EndOfInput(master, tty_in)
+    return tty_out, asyncio.StreamWriter(transport, protocol, None, loop)
+
+
+async def _relay(master: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    tty_out, tty_in = await pty_streams(master)
+    end_of_input = EndOfInput(master, tty_in)
     up = asyncio.create_task(_copy(reader, tty_in, at_end=end_of_input.client_closed))
     try:
         await _copy(tty_out, writer, each=end_of_input.output_seen)
@@ -121,7 +139,7 @@ async def _relay(master: int, reader: asyncio.StreamReader, writer: asyncio.Stre
         tty_in.close()
 
 
-class _EndOfInput:
+class EndOfInput:
     """Ctrl+D typed for a client that closed its input, until the shell has read it as EOF.
 
     One Ctrl+D is not always enough. The terminal turns it into end-of-file
@@ -187,7 +205,7 @@ async def _copy(
         await dst.drain()
 
 
-async def _end(proc: asyncio.subprocess.Process) -> None:
+async def hang_up(proc: asyncio.subprocess.Process) -> None:
     """Hang up on the shell's session as a closed terminal would; kill it if it lingers."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):

@@ -2,9 +2,9 @@
 
 Owns the one place `kubernetes_asyncio` is used: building an `ApiClient` from
 a kubeconfig file or the in-cluster ServiceAccount, and every request subres
-sends (list and watch of custom objects and ConfigMaps, TokenReview,
-SubjectAccessReview). The library is untyped; everything leaving this module
-is plain JSON (`dict`), an `ApiError`, or a stream of `WatchEvent`s.
+sends (list and watch of custom objects and ConfigMaps, reading a Secret,
+TokenReview, SubjectAccessReview). The library is untyped; everything leaving
+this module is plain JSON (`dict`), an `ApiError`, or a stream of `WatchEvent`s.
 
 Responses are read raw (`_preload_content=False`) so that status codes,
 Status bodies and watch streams are handled here, the same way for every call.
@@ -116,6 +116,14 @@ class Api:
         """One ConfigMap."""
         return await _json(
             self._core().read_namespaced_config_map(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        )
+
+    async def read_secret(self, namespace: str, name: str) -> JSON:
+        """One Secret (SSH credentials a parent names)."""
+        return await _json(
+            self._core().read_namespaced_secret(
                 name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
             )
         )

@@ -2,6 +2,8 @@
 
 Feeds the same `ParentCache` a watch would, and re-reads the file when it
 changes on disk, so a newcomer edits one file instead of running a cluster.
+`Secret` documents (`apiVersion: v1`) in the same file go to a cache of their
+own: the SSH credentials parents name.
 """
 
 from __future__ import annotations
@@ -27,11 +29,17 @@ class FileSource:
     """Loads parents from `path` into one cache per parent kind."""
 
     def __init__(
-        self, path: Path, caches: Mapping[str, ParentCache], parents: Sequence[ParentSpec]
+        self,
+        path: Path,
+        caches: Mapping[str, ParentCache],
+        parents: Sequence[ParentSpec],
+        *,
+        secrets: ParentCache | None = None,
     ):
         self.path = path
         self._caches = caches
         self._kinds = {(p.api_version, p.kind): p.resource for p in parents}
+        self._secrets = secrets
         self._stamp: tuple[int, int, int] | None = None
 
     def reload_if_changed(self) -> bool:
@@ -55,14 +63,20 @@ class FileSource:
 
     def _load(self, docs: list[Any]) -> None:
         by_resource: dict[str, list[Mapping[str, Any]]] = {r: [] for r in self._caches}
+        secrets: list[Mapping[str, Any]] = []
         for doc in docs:
             if not isinstance(doc, dict):
                 continue
-            resource = self._kinds.get((str(doc.get("apiVersion")), str(doc.get("kind"))))
+            kind = (str(doc.get("apiVersion")), str(doc.get("kind")))
+            resource = self._kinds.get(kind)
             if resource is not None:
                 by_resource[resource].append(doc)
+            elif kind == ("v1", "Secret"):
+                secrets.append(doc)
         for resource, objects in by_resource.items():
             self._caches[resource].replace(objects)
+        if self._secrets is not None:
+            self._secrets.replace(secrets)
         log.info("standalone file %s: %d objects", self.path, sum(map(len, by_resource.values())))
 
     async def watch(self, interval: float = 1.0) -> None:

@@ -16,7 +16,8 @@ upgrade, each a Status; the live part):
   `RemoteCommandClient` over an `engine.spdy` session, and the pump.
 - vnc: `vnc.handle`; as console, and `preserveSession` is 409 while another
   session lives; `streaming.serve`.
-- screenshot: `screenshot.handle`; as vnc; `backends.rfb.capture`, then PNG.
+- screenshot (also KubeVirt's `vnc/screenshot`, authorized as `vnc`):
+  `screenshot.handle`; as vnc; `backends.rfb.capture`, then PNG.
 - portforward `?ports=`: `portforward_ws.handle_channels`; ports (400), each
   allowed (403) and vetted; a `ChannelMux`, each port dialed after the
   upgrade and pumped.
@@ -29,8 +30,11 @@ upgrade, each a Status; the live part):
 
 Every live part runs inside `session.live` (register, takeover, count, one
 log line, the `Record` of how it ended) and stops when either side is gone.
-Backends are `backends.stream.SocketStream` (tcp, unix) or
-`backends.datagram.DatagramStream` (udp), vetted by `backends.endpoint`.
+Backends are `backends.stream.SocketStream` (tcp, unix),
+`backends.datagram.DatagramStream` (udp) or an SSH channel of
+`backends.ssh.Pool` (`ssh://` consoles, forwards through a jump host), vetted
+by `backends.endpoint`. `/apis/{group}/{version}/version` is the version
+document KubeVirt's clients read (`server_version`).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ def build(state: State) -> web.Application:
         ("GET", "/apis", apis),
         ("GET", f"/apis/{group}", api_group),
         ("GET", f"/apis/{group}/{version}", api_resources),
+        ("GET", f"/apis/{group}/{version}/version", server_version),
         ("GET", "/openapi/v2", openapi_v2),
         ("GET", "/openapi/v3", openapi_v3_index),
         ("GET", f"/openapi/v3/apis/{group}/{version}", openapi_v3),
@@ -71,6 +76,8 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/console", console.handle),
         ("GET", f"{sub}/vnc", vnc.handle),
         ("GET", f"{sub}/screenshot", screenshot.handle),
+        # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.
+        ("GET", f"{sub}/vnc/screenshot", screenshot.handle),
         ("GET", f"{sub}/portforward", portforward.handle),
         ("POST", f"{sub}/portforward", portforward.handle),
         ("GET", f"{sub}/portforward/{{port}}", portforward.handle_port),
@@ -90,6 +97,7 @@ def build(state: State) -> web.Application:
 
     async def on_shutdown(_: web.Application) -> None:
         await state.sessions.close_all("the server is shutting down")
+        await state.ssh.close()
 
     app.on_shutdown.append(on_shutdown)
     # Every answer, errors and upgrades included, as its headers go out.
@@ -137,6 +145,11 @@ async def api_group(state: State, request: web.Request) -> web.Response:
 async def api_resources(state: State, request: web.Request) -> web.Response:
     """`/apis/{group}/{version}`: APIResourceList (also kube-aggregator's availability probe)."""
     return _json(state.discovery.resource_list)
+
+
+async def server_version(state: State, request: web.Request) -> web.Response:
+    """`/apis/{group}/{version}/version`: what `virtctl version` and its error path read."""
+    return _json(state.discovery.version)
 
 
 async def openapi_v2(state: State, request: web.Request) -> web.Response:

@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service", default="subres", help="Service name")
     parser.add_argument("--namespace", default="subres-system", help="Service namespace")
     parser.add_argument("--out", type=Path, required=True, help="directory to write into")
+    parser.add_argument(
+        "--apiservice",
+        default=APISERVICE,
+        help="APIService the caBundle patch names (KubeVirt profile: v1.subresources.kubevirt.io)",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -64,7 +69,7 @@ def run(ns: argparse.Namespace) -> int:
         _secret(AGENT_CLIENT_SECRET, pairs["replica"], ca=ca, namespace=ns.namespace),
     ]
     _write(out / "secret.yaml", yaml.safe_dump_all(secrets))
-    _write(out / "apiservice-cabundle.yaml", yaml.safe_dump(_patch(ca)))
+    _write(out / "apiservice-cabundle.yaml", yaml.safe_dump(_patch(ca, ns.apiservice)))
     _write(out / "kustomization.yaml", yaml.safe_dump(_component()))
     print(f"wrote {out}/: a kustomize component (kustomization.yaml, secret.yaml, ")
     print("apiservice-cabundle.yaml) and the PEM files; keep them out of git")
@@ -96,11 +101,11 @@ def _secret(
     }
 
 
-def _patch(ca: certs.KeyPair) -> dict[str, object]:
+def _patch(ca: certs.KeyPair, apiservice: str) -> dict[str, object]:
     return {
         "apiVersion": "apiregistration.k8s.io/v1",
         "kind": "APIService",
-        "metadata": {"name": APISERVICE},
+        "metadata": {"name": apiservice},
         "spec": {"caBundle": _b64(ca.cert_pem()), "insecureSkipTLSVerify": False},
     }
 

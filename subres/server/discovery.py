@@ -2,13 +2,17 @@
 
 Built once from the configuration; the aggregated document carries the ETag
 kube-apiserver uses to poll it cheaply (quoted hex SHA-512 of the body).
+Also the `…/{version}/version` document that KubeVirt's clients read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import platform
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from typing import Any
 
 from subres.config import Config, ParentSpec
@@ -41,6 +45,8 @@ class Documents:
     resource_list: bytes
     aggregated: dict[str, Body]
     """By discovery version (`v2`, `v2beta1`)."""
+    version: bytes
+    """`/apis/{group}/{version}/version`: the fields KubeVirt's `version.Info` has."""
 
 
 def build(config: Config) -> Documents:
@@ -50,7 +56,27 @@ def build(config: Config) -> Documents:
         group=_dump({"kind": "APIGroup", "apiVersion": "v1", **_group(config)}),
         resource_list=_dump(_resource_list(config)),
         aggregated={v: _body(_aggregated(config, v)) for v in AGGREGATED_TYPES},
+        version=_dump(_version(config)),
     )
+
+
+def _version(config: Config) -> dict[str, str]:
+    """subres's own version in KubeVirt's shape, with the fields the config sets instead."""
+    try:
+        own = package_version("subres")
+    except PackageNotFoundError:
+        own = "0.0.0"
+    machine = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    return {
+        "gitVersion": f"v{own}",
+        "gitCommit": "",
+        "gitTreeState": "",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": platform.python_implementation().lower(),
+        "platform": f"{platform.system().lower()}/{machine}",
+        **config.server_version,
+    }
 
 
 def wants_aggregated(accept: str) -> str | None:

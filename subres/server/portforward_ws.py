@@ -17,7 +17,6 @@ import asyncio
 
 from aiohttp import web
 
-from subres.backends import endpoint as endpoints
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
@@ -67,7 +66,7 @@ async def _forward_ports(
     state: State,
     target: Target,
     mux: ChannelMux,
-    vetted: dict[int, endpoints.Target],
+    vetted: dict[int, subresource.Route],
     traffic: Traffic,
 ) -> Outcome:
     await mux.hello()
@@ -91,7 +90,7 @@ async def _forward_ports(
 
 
 async def _forward_port(
-    state: State, target: Target, port: PortChannel, vetted: endpoints.Target, traffic: Traffic
+    state: State, target: Target, port: PortChannel, vetted: subresource.Route, traffic: Traffic
 ) -> Outcome:
     try:
         backend = await subresource.dial(state, target, vetted)

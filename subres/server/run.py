@@ -27,6 +27,7 @@ from subres.auth.tokenfile import TokenFile
 from subres.backends.agent import Agents, ClientTLS, Directory, StaticDirectory
 from subres.kube.cache import ParentCache
 from subres.kube.informer import InformerSettings
+from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
 from subres.server import certs, cluster
@@ -142,7 +143,8 @@ def complete(options: Options) -> Server:
     caches = {p.resource: ParentCache(p.resource) for p in config.parents}
     if options.standalone is None:
         raise ValueError("--standalone FILE is required; use complete_cluster without it")
-    source = FileSource(options.standalone, caches, config.parents)
+    secrets = ParentCache("secrets")
+    source = FileSource(options.standalone, caches, config.parents, secrets=secrets)
     source.reload_if_changed()
     authenticator = Authenticator(
         tokens=TokenFile(options.token_auth_file) if options.token_auth_file else None,
@@ -154,6 +156,7 @@ def complete(options: Options) -> Server:
         authenticator=authenticator,
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
         tls_ready=tls.ready,
+        secrets=CachedSecrets(secrets),
         agents=_agents(options, StaticDirectory(dict(options.agents))),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
@@ -180,6 +183,7 @@ async def complete_cluster(
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
         readiness=_readiness(parts),
+        secrets=ApiSecrets(parts.apis[0]),
         agents=_agents(options, parts.agents or StaticDirectory({})),
     )
     state.metrics.watch_caches(

@@ -1,11 +1,14 @@
 """`…/{resource}/{name}/screenshot`: the VNC framebuffer as `image/png`.
 
 A plain GET, its own subresource so RBAC can grant screenshots without
-interactive access. It opens its own connection to the VNC server (shared,
-so a live `vnc` session is neither taken over nor disturbed), reads one
-framebuffer within `session.screenshotTimeout`, and encodes it off the event
-loop. Unreachable backend: 503; no framebuffer in time: 504; a server that
-refuses or breaks the protocol: 502.
+interactive access. Also served at KubeVirt's `…/vnc/screenshot`, whose
+`moveCursor` query is accepted and, as in virt-api v1.7.0, not acted on (it
+would be input to a display a viewer-only role may not touch). It opens its
+own connection to the VNC server (shared, so a live `vnc` session is neither
+taken over nor disturbed), reads one framebuffer within
+`session.screenshotTimeout`, and encodes it off the event loop. Unreachable
+backend: 503; no framebuffer in time: 504; a server that refuses or breaks
+the protocol: 502.
 """
 
 from __future__ import annotations

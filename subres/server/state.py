@@ -14,9 +14,11 @@ from subres.auth.attributes import Attributes
 from subres.auth.authn import Credentials
 from subres.auth.authz import Decision
 from subres.auth.user import UserInfo
+from subres.backends import ssh
 from subres.backends.agent import Agents
 from subres.config import Config
 from subres.kube.cache import ParentCache
+from subres.kube.secrets import NoSecrets, Secrets
 from subres.server import discovery, openapi
 from subres.server.metrics import Metrics
 from subres.streams.sessions import Sessions
@@ -56,7 +58,19 @@ class State:
     """How node-local endpoints are reached; None when no agents are configured."""
     sessions: Sessions = field(default_factory=Sessions)
     metrics: Metrics = field(default_factory=Metrics)
+    secrets: Secrets = field(default_factory=NoSecrets)
+    """The Secrets parents name for SSH credentials (the apiserver, or the standalone file)."""
 
     def __post_init__(self) -> None:
         self.discovery = discovery.build(self.config)
         self.openapi = openapi.build(self.config)
+        session = self.config.session
+        self.ssh = ssh.Pool(
+            ssh.Settings(
+                connect_timeout=session.connect_timeout,
+                idle_timeout=session.ssh_idle_timeout,
+                keepalive_interval=session.ping_interval,
+                read_size=session.read_size,
+            )
+        )
+        """Shared SSH connections; closed at shutdown."""

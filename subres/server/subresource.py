@@ -14,15 +14,17 @@ from typing import Any
 
 from aiohttp import web
 
-from subres.backends import direct
+from subres import fields
+from subres.backends import direct, ssh
 from subres.backends import endpoint as endpoints
 from subres.backends.agent import AgentUnavailable
 from subres.backends.stream import BackendUnavailable, ByteStream
-from subres.config import ParentSpec, SubresourceSpec, field_value
+from subres.config import ANY_PORT, ParentSpec, Requirement, SubresourceSpec, field_value
 from subres.kube.status import StatusError
 from subres.server.state import State
 
 __all__ = [
+    "Route",
     "Target",
     "connect",
     "dial",
@@ -57,6 +59,16 @@ def resolve(state: State, request: web.Request, subresource: str) -> Target:
     spec = parent.subresources.get(subresource) if parent else None
     if parent is None or spec is None:
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
+    obj = _cached(state, parent, namespace, name)
+    if parent.instance is not None:
+        _check(parent.instance.requires, obj, f"{parent.kind} {namespace}/{name}")
+        obj = _instance(state, parent, obj)
+    target = Target(parent, spec, namespace, name, obj)
+    _check(spec.requires, obj, target.describe())
+    return target
+
+
+def _cached(state: State, parent: ParentSpec, namespace: str, name: str) -> Mapping[str, Any]:
     cache = state.caches[parent.resource]
     if not cache.synced:
         raise StatusError(503, f"{parent.resource} are not loaded yet; try again shortly")
@@ -67,26 +79,48 @@ def resolve(state: State, request: web.Request, subresource: str) -> Target:
             f'{parent.resource}.{parent.group} "{name}" not found in namespace "{namespace}"',
             details={"name": name, "group": parent.group, "kind": parent.resource},
         )
-    target = Target(parent, spec, namespace, name, obj)
-    _check_state(target)
-    return target
+    return obj
 
 
-def _check_state(target: Target) -> None:
-    for rule in target.spec.requires:
-        value = field_value(target.obj, rule.path)
-        if value not in rule.values:
-            shown = "unset" if value is None else f'"{value}"'
-            wanted = " or ".join(rule.values)
-            raise StatusError(
-                409,
-                f"{target.describe()} is not {wanted}: {rule.path} is {shown}",
-            )
+def _instance(state: State, parent: ParentSpec, owner: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The same-named object of `parent.instance.resource`, which `owner` must own."""
+    assert parent.instance is not None
+    kind = state.config.parent(parent.instance.resource)
+    assert kind is not None  # the config loader checked it names a parent
+    meta = owner.get("metadata") or {}
+    namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+    instance = _cached(state, kind, namespace, name)
+    uid = meta.get("uid")
+    owners = (instance.get("metadata") or {}).get("ownerReferences") or []
+    if uid and not any(isinstance(o, Mapping) and o.get("uid") == uid for o in owners):
+        raise StatusError(
+            409,
+            f"{kind.kind} {namespace}/{name} is not owned by {parent.kind} {namespace}/{name}",
+        )
+    return instance
+
+
+def _check(rules: tuple[Requirement, ...], obj: Mapping[str, Any], described: str) -> None:
+    for rule in rules:
+        value = field_value(obj, rule.path)
+        if rule.holds(value):
+            continue
+        if rule.message:
+            raise StatusError(rule.code, f"{described}: {rule.message}")
+        shown = "unset" if value is None else f'"{value}"'
+        wanted = " or ".join(map(str, rule.values))
+        verdict = f"is {wanted}" if rule.negate else f"is not {wanted}"
+        raise StatusError(rule.code, f"{described} {verdict}: {rule.path} is {shown}")
 
 
 def endpoint_url(target: Target) -> str:
     """The backend URL the parent names for its subresource (400 when it has none)."""
-    url = field_value(target.obj, target.spec.endpoint)
+    try:
+        url = fields.read(target.spec.endpoint, target.obj)
+    except fields.FieldError as exc:
+        raise StatusError(
+            400, f"{target.describe()} has no usable {target.spec.name} endpoint: {exc}"
+        ) from None
     if not isinstance(url, str) or not url:
         raise StatusError(
             400, f"{target.describe()} has no {target.spec.name} ({target.spec.endpoint} is empty)"
@@ -100,43 +134,88 @@ def forward_url(target: Target, port: int, protocol: str = "tcp") -> str:
     The endpoint policy vets this URL for udp too: it is about the address.
     """
     address = field_value(target.obj, target.spec.address)
-    allowed = field_value(target.obj, target.spec.ports) or []
-    if not isinstance(address, str) or not address:
+    if address is None or address == "":
         raise StatusError(
             400, f"{target.describe()} has no port-forward address ({target.spec.address})"
         )
-    if not isinstance(allowed, list) or port not in allowed:
+    try:
+        host = fields.substitute(target.spec.address, address)
+    except fields.FieldError as exc:
+        raise StatusError(400, f"{target.describe()}: {exc}") from None
+    if not _port_allowed(target, port):
         raise StatusError(
             403, f"{target.describe()} does not allow forwarding to {protocol} port {port}"
         )
-    host = f"[{address}]" if ":" in address else address
     return f"tcp://{host}:{port}"
 
 
-async def vet(state: State, target: Target, url: str) -> endpoints.Target:
-    """`url` parsed and checked by the endpoint policy (400/403/503 otherwise)."""
+def _port_allowed(target: Target, port: int) -> bool:
+    if target.spec.ports == ANY_PORT:
+        return True
+    try:
+        allowed = fields.ports(field_value(target.obj, target.spec.ports))
+    except fields.FieldError as exc:
+        raise StatusError(
+            400, f"{target.describe()}: {target.spec.ports} is not a port list: {exc}"
+        ) from None
+    return allowed is not None and port in allowed
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where to dial, vetted: the backend itself, or a TCP target behind an SSH jump host."""
+
+    backend: endpoints.Target
+    jump: endpoints.Target | None = None
+
+
+async def vet(state: State, target: Target, url: str) -> Route:
+    """`url` (and the SSH jump host a portforward names) checked by the endpoint policy."""
+    backend = await _vetted(state, target, url)
+    via = target.spec.ssh.via if target.spec.ssh is not None else ""
+    if not via:
+        return Route(backend)
+    try:
+        jump_url = fields.read(via, target.obj)
+    except fields.FieldError as exc:
+        raise StatusError(400, f"{target.describe()} has no usable SSH jump host: {exc}") from None
+    if jump_url is None or jump_url == "":
+        return Route(backend)  # this parent names no jump host: the target is dialed directly
+    if not isinstance(jump_url, str) or not jump_url.startswith("ssh://"):
+        raise StatusError(400, f"{target.describe()}: {via} is not an ssh:// jump host")
+    return Route(backend, await _vetted(state, target, jump_url))
+
+
+async def _vetted(state: State, target: Target, url: str) -> endpoints.Target:
     try:
         return await endpoints.check(endpoints.parse(url), state.config.policy)
     except endpoints.EndpointError as exc:
         raise StatusError(exc.code, f"{target.describe()}: {exc}") from None
 
 
-async def dial(
-    state: State, target: Target, vetted: endpoints.Target, *, protocol: str = "tcp"
-) -> ByteStream:
-    """Connect to a vetted endpoint within the connect timeout (503 Status otherwise).
+async def dial(state: State, target: Target, route: Route, *, protocol: str = "tcp") -> ByteStream:
+    """Connect along a vetted route within the connect timeout (503, or the backend's code).
 
-    A node-local endpoint goes through its node's agent, whose refusal keeps its
-    code (403 for its policy, 502/503 for its dial); anything else is dialed here.
+    An SSH endpoint or jump host goes through the shared SSH connection; a
+    node-local endpoint through its node's agent, whose refusal keeps its code
+    (403 for its policy, 502/503 for its dial); anything else is dialed here.
     """
+    if route.jump is not None and (protocol != "tcp" or route.backend.endpoint.scheme != "tcp"):
+        raise StatusError(
+            400, f"{target.describe()}: only TCP can be forwarded through an SSH jump host"
+        )
     session = state.config.session
     started = time.monotonic()
     try:
-        node = node_of(target, vetted.endpoint)
+        if route.jump is not None or route.backend.endpoint.scheme == "ssh":
+            return await _over_ssh(state, target, route)
+        node = node_of(target, route.backend.endpoint)
         if node is not None:
-            return await _through_agent(state, target, vetted, node=node, udp=protocol == "udp")
+            return await _through_agent(
+                state, target, route.backend, node=node, udp=protocol == "udp"
+            )
         return await direct.dial(
-            vetted,
+            route.backend,
             udp=protocol == "udp",
             connect_timeout=session.connect_timeout,
             read_size=session.read_size,
@@ -185,3 +264,21 @@ async def _through_agent(
 async def connect(state: State, target: Target, url: str, *, protocol: str = "tcp") -> ByteStream:
     """Vet `url` against the endpoint policy, then dial it: the one way to a backend."""
     return await dial(state, target, await vet(state, target, url), protocol=protocol)
+
+
+async def _over_ssh(state: State, target: Target, route: Route) -> ByteStream:
+    """A console on the SSH server `route.backend`, or a forward through `route.jump`."""
+    server = route.jump or route.backend
+    spec = target.spec.ssh
+    if spec is None:
+        raise ssh.SshError(400, f"{target.spec.name} has no `ssh` settings for {server.endpoint}")
+    creds, trust = await ssh.login(
+        state.secrets, spec, obj=target.obj, namespace=target.namespace, user=server.endpoint.user
+    )
+    if route.jump is not None:
+        return await state.ssh.forward(
+            route.jump, creds, trust, host=route.backend.address, port=route.backend.endpoint.port
+        )
+    return await state.ssh.console(
+        route.backend, creds, trust, term=spec.term, command=ssh.command(spec, target.obj)
+    )

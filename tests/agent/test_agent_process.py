@@ -133,7 +133,7 @@ async def test_a_replica_cannot_widen_the_agents_policy(
         f"unix://{agent.socket_dir}/../pki/ca.key": (403, "outside the allowed directories"),
         "tcp://10.1.2.3:22": (403, "not allowed by the endpoint policy"),
         "tcp://169.254.169.254:80": (403, "not allowed by the endpoint policy"),
-        "ssh://root@127.0.0.1:22": (400, "unsupported endpoint scheme"),
+        "ssh://root@127.0.0.1:22": (403, "endpoint scheme 'ssh' is not allowed"),
     }
     for endpoint, (want, text) in refused.items():
         code, message = await ask(agent, replica, endpoint)

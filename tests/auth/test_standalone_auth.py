@@ -77,6 +77,21 @@ async def test_no_credentials_is_anonymous() -> None:
                 subresource="portforward",
             ),
         ),
+        # A GET without a name lists, as kube-apiserver's RequestInfo says (KubeVirt's
+        # `version` document is read this way; its roles grant get and list). Every case
+        # spells its Attributes out: a table of expectations, not repeated logic.
+        (
+            "GET",
+            "/apis/subresources.kubevirt.io/v1/version",
+            attributes.Attributes(
+                verb="list",
+                path="/apis/subresources.kubevirt.io/v1/version",
+                resource_request=True,
+                group="subresources.kubevirt.io",
+                version="v1",
+                resource="version",
+            ),
+        ),
         ("GET", "/healthz", attributes.Attributes(verb="get", path="/healthz")),
         ("GET", "/apis/g.io", attributes.Attributes(verb="get", path="/apis/g.io")),
     ],

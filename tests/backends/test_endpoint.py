@@ -51,3 +51,29 @@ async def test_default_policy_denies_link_local_and_foreign_sockets() -> None:
         await endpoint.check(endpoint.parse("tcp://169.254.169.254:80"), default)
     with pytest.raises(endpoint.EndpointForbidden):
         await endpoint.check(endpoint.parse("unix:///var/lib/secret.sock"), default)
+
+
+def test_parse_ssh() -> None:
+    assert endpoint.parse("ssh://admin@bmc.example:2222") == endpoint.Endpoint(
+        "ssh", "bmc.example", 2222, user="admin"
+    )
+    assert endpoint.parse("ssh://10.0.0.9") == endpoint.Endpoint("ssh", "10.0.0.9", 22)
+    assert str(endpoint.parse("ssh://root@[fd00::1]")) == "ssh://root@[fd00::1]:22"
+    for bad, words in [
+        ("ssh://admin:hunter2@bmc", "carries a password"),
+        ("ssh://bmc/some/path", "must be ssh://"),
+        ("ssh://bmc?x=1", "must be ssh://"),
+        ("ssh://bmc:99999", "bad port"),
+        ("ssh://[fd00::1", "not a URL"),
+    ]:
+        with pytest.raises(endpoint.EndpointInvalid, match=words):
+            endpoint.parse(bad)
+
+
+async def test_ssh_is_refused_unless_the_policy_lists_it() -> None:
+    with pytest.raises(endpoint.EndpointForbidden, match="'ssh' is not allowed"):
+        await endpoint.check(endpoint.parse("ssh://127.0.0.1"), LOOPBACK_ONLY)
+    loopback = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+    allowed = EndpointPolicySpec(schemes=("ssh",), allow_cidrs=loopback)
+    target = await endpoint.check(endpoint.parse("ssh://u@localhost:2222"), allowed)
+    assert target.address in ("127.0.0.1", "::1") and target.endpoint.user == "u"

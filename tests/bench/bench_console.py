@@ -6,7 +6,9 @@ It prints markdown tables:
 1. Round-trip latency (p50/p99/mean, µs) of small messages through a TCP
    echo backend: directly over TCP, through subres with raw framing
    (`plain.kubevirt.io`), the same through a node agent (`subres agent`, its
-   own process, mutual TLS), and through subres with `v5.channel.k8s.io`.
+   own process, mutual TLS), and through subres with `v5.channel.k8s.io`; then
+   the same echo as an SSH console (`tests.bench.ssh_echo`, asyncssh): an SSH
+   client straight to it, and subres with its `ssh://` backend.
 2. Console sessions opened and closed per second (TLS handshake, upgrade,
    backend dial, close handshake), one at a time and with concurrency.
 3. Server memory per idle console session (RSS, PSS and anonymous memory of
@@ -36,17 +38,18 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 import aiohttp
+import asyncssh
 import yaml
 
 from subres.server import certs
 from tests.bench import memory
-from tests.bench.agent import NODE, node_local_console, start_agent
+from tests.bench.agent import NODE, start_agent
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
 from tests.bench.procs import Child, build_loadgen, cpu_seconds, spawn
 
@@ -160,24 +163,65 @@ class Files:
         return self.root / "certs" / "ca.crt"
 
 
-def write_files(root: Path, machines: int, backend_port: int) -> Files:
-    """Certificates, token file, config and `machines` machines on one echo backend."""
+@dataclass(frozen=True)
+class SshEcho:
+    """The SSH echo server: where it listens, its host key, the password it takes."""
+
+    port: int
+    host_key: str
+    """Its public key, an OpenSSH line."""
+    password: str
+
+
+def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> Files:
+    """Certificates, token file, config, `machines` machines on one echo backend, and
+    machine `ssh` whose console is the SSH echo server (with the Secret it logs in with)."""
     certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
-    policy = {"schemes": ["tcp"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
-    config = {"endpointPolicy": policy, **node_local_console()}
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
-    endpoint = f"tcp://127.0.0.1:{backend_port}"
-    docs = (
-        {
+    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
+    # Node-local: m-agent, the one machine on the agent's node, is dialed through the agent.
+    console = {
+        "endpoint": ".spec.console.endpoint",
+        "ssh": {"credentials": ".spec.console.secret"},
+        "nodeLocal": True,
+    }
+    parent = {
+        "resource": "machines",
+        "kind": "Machine",
+        "source": {"group": "subres.dev", "version": "v1alpha1"},
+        "subresources": {"console": console},
+    }
+    (root / "config.yaml").write_text(
+        yaml.safe_dump({"endpointPolicy": policy, "parents": [parent]})
+    )
+
+    def machine(name: str, console: dict[str, str]) -> dict[str, object]:
+        node = {"nodeName": NODE} if name == "m-agent" else {}
+        return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"console": {"endpoint": endpoint}},
-            "status": {"phase": "Running", **({"nodeName": NODE} if name == "m-agent" else {})},
+            "spec": {"console": console},
+            "status": {"phase": "Running", **node},
         }
-        for name in ["m-agent", *(f"m{i}" for i in range(machines))]
+
+    endpoint = f"tcp://127.0.0.1:{backend_port}"
+    names = ["m-agent", *(f"m{i}" for i in range(machines))]
+    docs = [machine(name, {"endpoint": endpoint}) for name in names]
+    docs.append(
+        machine("ssh", {"endpoint": f"ssh://bench@127.0.0.1:{ssh.port}", "secret": "ssh-echo"})
+    )
+    docs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "ssh-echo", "namespace": "default"},
+            "stringData": {
+                "password": ssh.password,
+                "known_hosts": f"[127.0.0.1]:{ssh.port} {ssh.host_key}\n",
+            },
+        }
     )
     # CSafeDumper when available: 5,000 documents take seconds with the pure-Python one.
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -276,18 +320,27 @@ def summarize(samples_ns: Sequence[int]) -> tuple[float, float, float]:
     return p50 / 1e3, p99 / 1e3, statistics.fmean(ordered) / 1e3
 
 
+async def timed(count: int, roundtrip: Callable[[], Awaitable[object]]) -> list[int]:
+    """Times (ns) of `count` round trips, after a warm-up."""
+    samples = []
+    for i in range(count + warmup(count)):
+        start = time.perf_counter_ns()
+        await roundtrip()
+        if i >= warmup(count):
+            samples.append(time.perf_counter_ns() - start)
+    return samples
+
+
 async def tcp_roundtrips(port: int, count: int, payload: bytes) -> list[int]:
     """Round-trip times (ns) straight to the echo backend, after a warm-up."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def roundtrip() -> bytes:
+        writer.write(payload)
+        return await reader.readexactly(len(payload))
+
     try:
-        samples = []
-        for i in range(count + warmup(count)):
-            start = time.perf_counter_ns()
-            writer.write(payload)
-            await reader.readexactly(len(payload))
-            if i >= warmup(count):
-                samples.append(time.perf_counter_ns() - start)
-        return samples
+        return await timed(count, roundtrip)
     finally:
         writer.close()
         await writer.wait_closed()
@@ -307,20 +360,36 @@ async def ws_roundtrips(
     async with target.connect(machine, subprotocol, target.ssl_context(), OPEN_TIMEOUT) as ws:
         if subprotocol != RAW:
             await ws.recv()  # the empty stdout message that says the stream is up
-        samples = []
-        for i in range(count + warmup(count)):
-            start = time.perf_counter_ns()
+
+        async def roundtrip() -> None:
             await ws.send(framed)
             got = 0
             while got < len(payload):
                 message = await ws.recv()
                 got += len(message) - header
-            if i >= warmup(count):
-                samples.append(time.perf_counter_ns() - start)
+
+        return await timed(count, roundtrip)
+
+
+async def ssh_roundtrips(ssh: SshEcho, count: int, payload: bytes) -> list[int]:
+    """Round-trip times (ns) of an SSH console (asyncssh client, a PTY) to the echo server."""
+    known = asyncssh.import_known_hosts(f"[127.0.0.1]:{ssh.port} {ssh.host_key}\n")
+    async with asyncssh.connect(
+        "127.0.0.1", ssh.port, username="bench", password=ssh.password, known_hosts=known,
+        client_keys=None, agent_path=None, config=None,
+    ) as conn:  # fmt: skip
+        writer, reader, _ = await conn.open_session(term_type="xterm", encoding=None)
+
+        async def roundtrip() -> None:
+            writer.write(payload)
+            await reader.readexactly(len(payload))
+
+        samples = await timed(count, roundtrip)
+        writer.write_eof()
         return samples
 
 
-async def latency_table(server: Server, backend_port: int, settings: Settings) -> str:
+async def latency_table(server: Server, backend_port: int, ssh: SshEcho, settings: Settings) -> str:
     """Table 1: echo round trips by path."""
     payload = os.urandom(settings.payload)
     n = settings.roundtrips
@@ -337,6 +406,11 @@ async def latency_table(server: Server, backend_port: int, settings: Settings) -
         (
             f"subres, WebSocket+TLS, `{V5}`",
             await ws_roundtrips(server.target, "m1", V5, n, payload),
+        ),
+        ("SSH client straight to the SSH echo server", await ssh_roundtrips(ssh, n, payload)),
+        (
+            f"subres, WebSocket+TLS, `{RAW}`, console on the SSH echo server (`ssh://`)",
+            await ws_roundtrips(server.target, "ssh", RAW, n, payload),
         ),
     ]
     lines = [
@@ -442,29 +516,35 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
     """Every phase asked for, inside the run's time budget."""
     emit(header(argv))
     with tempfile.TemporaryDirectory(prefix="subres-bench-") as tmp:
+        password = secrets.token_urlsafe(16)
         echo = await spawn("echo backend", "tests.bench.echo_backend")
+        ssh_echo = await spawn("SSH echo server", "tests.bench.ssh_echo", password)
         try:
             async with asyncio.timeout(10):
                 found = await echo.expect(r"port (\d+)")
+                ssh_port = int((await ssh_echo.expect(r"port (\d+)")).group(1))
+                host_key = (await ssh_echo.expect(r"hostkey (.+)")).group(1).strip()
             backend_port = int(found.group(1))
-            files = write_files(Path(tmp), settings.machines, backend_port)
+            ssh = SshEcho(ssh_port, host_key, password)
+            files = write_files(Path(tmp), settings.machines, backend_port, ssh)
             agent = await start_agent(Path(tmp), log=Path(tmp) / "agent.log")
             try:
                 files = dataclasses.replace(files, agent_flags=tuple(agent.flags))
                 async with asyncio.timeout(settings.budget):
-                    await run_phases(settings, files, backend_port)
+                    await run_phases(settings, files, backend_port, ssh)
             finally:
                 await agent.child.stop()
         finally:
+            await ssh_echo.stop()
             await echo.stop()
 
 
-async def run_phases(settings: Settings, files: Files, backend_port: int) -> None:
+async def run_phases(settings: Settings, files: Files, backend_port: int, ssh: SshEcho) -> None:
     """Latency and rate share one server; memory gets a fresh one with a clean heap."""
     if settings.phases & {"latency", "rate"}:
         async with running_server(files, "serve", settings) as server:
             if "latency" in settings.phases:
-                emit(await latency_table(server, backend_port, settings))
+                emit(await latency_table(server, backend_port, ssh, settings))
             if "rate" in settings.phases:
                 emit(await rate_table(server, settings))
     if "memory" in settings.phases:

@@ -14,6 +14,8 @@ KubeVirt-style port-forward (`…/portforward/{port}`), Kubernetes-style
 channel port-forward (`?ports=`, `v4.channel.k8s.io`), SPDY/3.1 port-forward
 and SPDY tunnelled in a WebSocket; the last two are driven by client-go
 (`tools/kubepeer`), whose CPU is counted on the client side, not the relay's.
+The KubeVirt-style port-forward also runs through OpenSSH's sshd as a jump
+host (`direct-tcpip`, the `ssh` backend); sshd's CPU counts as the backend's.
 
 The data source, sink and WebSocket/TCP client are `loadgen` (Go, in
 `tests/bench/loadgen`), so the ends of a path cost little CPU. Every process
@@ -46,7 +48,7 @@ import yaml
 
 from subres.server import certs
 from tests import gotools
-from tests.bench.agent import NODE, BenchAgent, node_local_console, start_agent
+from tests.bench.agent import NODE, BenchAgent, start_agent
 from tests.bench.client import GROUP_PATH, RAW
 from tests.bench.procs import (
     ROOT,
@@ -58,6 +60,7 @@ from tests.bench.procs import (
     tree_cpu_seconds,
     wait_listening,
 )
+from tests.ssh_support import OpenSsh, openssh
 
 __all__ = ["PATHS", "main"]
 
@@ -91,6 +94,7 @@ PATHS = (
     PathSpec("channel-pf", f"subres port-forward, channel WebSocket (`?ports=`, `{CHANNEL}`)"),
     PathSpec("spdy-pf", "subres port-forward, SPDY/3.1 (client-go)"),
     PathSpec("tunnel-pf", "subres port-forward, SPDY in WebSocket (client-go)"),
+    PathSpec("ssh-pf", "subres port-forward, KubeVirt raw WebSocket, through sshd (direct-tcpip)"),
 )
 
 
@@ -242,14 +246,31 @@ class Files:
         return path
 
 
-def write_files(root: Path, sink: int, source: int) -> Files:
-    """Machines `up` (console → sink), `down` (console → source), `pf` (both ports)."""
+def write_files(root: Path, sink: int, source: int, sshd: OpenSsh | None) -> Files:
+    """Machines `up` (console → sink), `down` (console → source), `pf` (both ports), and
+    `sshpf` (both ports through `sshd` as a jump host, with the Secret it logs in with)."""
     serving = certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
-    policy = {"schemes": ["tcp"], "allowCIDRs": ["127.0.0.0/8"]}
-    config = {"endpointPolicy": policy, **node_local_console()}
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"]}
+    forward = {
+        "address": ".spec.portForward.address",
+        "ports": ".spec.portForward.ports",
+        "ssh": {"credentials": ".spec.portForward.secret", "via": ".spec.portForward.jumpHost"},
+    }
+    parent = {
+        "resource": "machines",
+        "kind": "Machine",
+        "source": {"group": "subres.dev", "version": "v1alpha1"},
+        "subresources": {
+            # Node-local: the consoles of machines on the agent's node go through it.
+            "console": {"endpoint": ".spec.console.endpoint", "nodeLocal": True},
+            "portforward": forward,
+        },
+    }
+    (root / "config.yaml").write_text(
+        yaml.safe_dump({"endpointPolicy": policy, "parents": [parent]})
+    )
 
     def machine(name: str, spec: dict[str, object], node: str = "") -> dict[str, object]:
         status = {"phase": "Running", **({"nodeName": node} if node else {})}
@@ -261,14 +282,30 @@ def write_files(root: Path, sink: int, source: int) -> Files:
             "status": status,
         }
 
+    ports = {"address": "127.0.0.1", "ports": [sink, source]}
     docs = [
         machine("up", {"console": {"endpoint": f"tcp://127.0.0.1:{sink}"}}),
         machine("down", {"console": {"endpoint": f"tcp://127.0.0.1:{source}"}}),
-        machine("pf", {"portForward": {"address": "127.0.0.1", "ports": [sink, source]}}),
+        machine("pf", {"portForward": ports}),
         # On the agent's node: the replica relays their consoles through it.
         machine("up-agent", {"console": {"endpoint": f"tcp://127.0.0.1:{sink}"}}, NODE),
         machine("down-agent", {"console": {"endpoint": f"tcp://127.0.0.1:{source}"}}, NODE),
     ]
+    if sshd is not None:
+        jump = {**ports, "jumpHost": sshd.url, "secret": "sshd-login"}
+        docs.append(machine("sshpf", {"portForward": jump}))
+        login = {
+            "ssh-privatekey": sshd.keys.user_private().decode(),
+            "known_hosts": sshd.known_hosts().decode(),
+        }
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "sshd-login", "namespace": "default"},
+                "stringData": login,
+            }
+        )
     (root / "machines.yaml").write_text(yaml.safe_dump_all(docs))
     return Files(root, token, serving)
 
@@ -313,6 +350,8 @@ class Setup:
     down: list[str]
     client_helpers: list[Child] = field(default_factory=list)
     """Client-side processes (kubepeer) whose CPU counts as the client's."""
+    backend_helpers: list[int] = field(default_factory=list)
+    """PIDs on the backend side (sshd as the jump host) whose CPU counts as the backend's."""
     forks: bool = False
     """The relay forks a child per connection: wait for it before reading CPU."""
 
@@ -328,6 +367,7 @@ class Bench:
         self.sink = 0
         self.source = 0
         self.kubepeer: Path | None = None
+        self.sshd: OpenSsh | None = None
 
     @contextlib.asynccontextmanager
     async def started(self, spec: PathSpec, tls: bool, servers: Servers) -> AsyncIterator[Setup]:
@@ -361,12 +401,16 @@ class Bench:
                 [*raw, "-url", f"{base}/up{suffix}/console"],
                 [*raw, "-url", f"{base}/down{suffix}/console"],
             )
-        if spec.key == "kubevirt-pf":
+        if spec.key in ("kubevirt-pf", "ssh-pf"):
             raw = [*ws, "-subprotocol", RAW]
+            name = "pf" if spec.key == "kubevirt-pf" else "sshpf"
+            if name == "sshpf" and self.sshd is None:
+                raise RuntimeError("sshd is not running")
             return Setup(
                 [server.child],
-                [*raw, "-url", f"{base}/pf/portforward/{self.sink}"],
-                [*raw, "-url", f"{base}/pf/portforward/{self.source}"],
+                [*raw, "-url", f"{base}/{name}/portforward/{self.sink}"],
+                [*raw, "-url", f"{base}/{name}/portforward/{self.source}"],
+                backend_helpers=[self.sshd.process.pid] if name == "sshpf" and self.sshd else [],
             )
         if spec.key == "channel-pf":
             chan = [*ws, "-subprotocol", CHANNEL, "-channel"]
@@ -460,12 +504,13 @@ class Bench:
         args = setup.up if direction == "up" else setup.down
         relay = [c.pid for c in setup.relay]
         helpers = [c.pid for c in setup.client_helpers]
+        backends = [self.backend.pid, *setup.backend_helpers]
 
         def sample() -> tuple[float, float, float]:
             return (
                 sum(tree_cpu_seconds(p) for p in relay),
                 sum(tree_cpu_seconds(p) for p in helpers),
-                tree_cpu_seconds(self.backend.pid),
+                sum(tree_cpu_seconds(p) for p in backends),
             )
 
         before = sample()
@@ -641,34 +686,43 @@ async def run(settings: Settings, argv: Sequence[str], emit: Callable[[str], Non
     """Measure every path asked for within the run's budget and print the table."""
     emit(header(argv, settings))
     loadgen = await asyncio.to_thread(build_loadgen)
-    deadline = time.monotonic() + settings.budget
     with tempfile.TemporaryDirectory(prefix="subres-throughput-") as tmp:
-        backend = await spawn_program(
-            "backend", [str(loadgen), "backend", "-bytes", str(settings.total)]
-        )
-        servers: Servers | None = None
-        rows: list[Row] = []
-        try:
-            async with asyncio.timeout(10):
-                sink = int((await backend.expect(r"sink (\d+)")).group(1))
-                source = int((await backend.expect(r"source (\d+)")).group(1))
-            files = write_files(Path(tmp), sink, source)
-            bench = Bench(settings, loadgen, files, backend)
-            bench.sink, bench.source = sink, source
-            servers = Servers(files, settings.profile)
-            for spec in PATHS:
-                for tls in settings.tls:
-                    if spec.key not in settings.paths or tls not in spec.tls_modes:
-                        continue
-                    if time.monotonic() > deadline:
-                        rows.append(Row(spec, tls, problem="skipped: time budget spent"))
-                        continue
-                    rows.append(await measure(bench, servers, spec, tls))
-        finally:
-            if servers is not None:
-                await servers.stop()
-            await backend.stop()
+        async with contextlib.AsyncExitStack() as stack:
+            sshd = None
+            if "ssh-pf" in settings.paths:
+                sshd = await stack.enter_async_context(openssh(Path(tmp) / "sshd"))
+            rows = await _paths(settings, loadgen, Path(tmp), sshd)
         emit(table(rows, settings.total))
+
+
+async def _paths(settings: Settings, loadgen: Path, root: Path, sshd: OpenSsh | None) -> list[Row]:
+    deadline = time.monotonic() + settings.budget
+    backend = await spawn_program(
+        "backend", [str(loadgen), "backend", "-bytes", str(settings.total)]
+    )
+    servers: Servers | None = None
+    rows: list[Row] = []
+    try:
+        async with asyncio.timeout(10):
+            sink = int((await backend.expect(r"sink (\d+)")).group(1))
+            source = int((await backend.expect(r"source (\d+)")).group(1))
+        files = write_files(root, sink, source, sshd)
+        bench = Bench(settings, loadgen, files, backend)
+        bench.sink, bench.source, bench.sshd = sink, source, sshd
+        servers = Servers(files, settings.profile)
+        for spec in PATHS:
+            for tls in settings.tls:
+                if spec.key not in settings.paths or tls not in spec.tls_modes:
+                    continue
+                if time.monotonic() > deadline:
+                    rows.append(Row(spec, tls, problem="skipped: time budget spent"))
+                    continue
+                rows.append(await measure(bench, servers, spec, tls))
+    finally:
+        if servers is not None:
+            await servers.stop()
+        await backend.stop()
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:

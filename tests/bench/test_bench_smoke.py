@@ -19,5 +19,7 @@ def test_bench_console_prints_its_tables() -> None:
         assert title in out
     assert "| subres, WebSocket+TLS, `v5.channel.k8s.io` |" in out
     assert "through the node agent (mTLS) |" in out
-    # Every measured row is present: four paths, two concurrencies, one idle level.
-    assert out.count("\n| ") >= 4 + 2 + 1 + 3
+    assert "| SSH client straight to the SSH echo server |" in out
+    assert "console on the SSH echo server (`ssh://`) |" in out
+    # Every measured row is present: six paths, two concurrencies, one idle level.
+    assert out.count("\n| ") >= 6 + 2 + 1 + 3

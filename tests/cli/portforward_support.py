@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-import signal
 
 from tests.cli.conftest import cli, cli_env
 from tests.server.portforward_support import chunks
-from tests.support import Standalone
+from tests.support import Standalone, end_process
 
 __all__ = ["TIMEOUT", "echo_hashed", "listening", "round_trip", "spawn", "stderr_of", "stop"]
 
@@ -31,14 +30,7 @@ async def spawn(
 
 async def stop(proc: asyncio.subprocess.Process) -> None:
     """SIGTERM the CLI, wait a bounded time, then kill it."""
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        async with asyncio.timeout(10):
-            await proc.wait()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+    await end_process(proc)
 
 
 async def listening(proc: asyncio.subprocess.Process, count: int) -> list[int]:

@@ -57,6 +57,28 @@ def test_interactive_session_restores_the_terminal(demo: Demo, workdir: Path) ->
         child.close(force=True)
 
 
+def test_resizing_the_terminal_resizes_the_demo_shell(demo: Demo, workdir: Path) -> None:
+    child = _spawn(
+        str(cli()[0]), cli("--kubeconfig", demo.kubeconfig, "console", "demo")[1:], workdir
+    )
+    try:
+        child.expect_exact(b"demo$ ")
+        child.sendline("stty size")
+        child.expect_exact(b"\r\n24 80\r\n")
+        child.setwinsize(40, 120)  # the CLI hears SIGWINCH and sends the new size
+        # The signal and the typed line travel separately: ask again if the line won.
+        for _ in range(5):
+            child.sendline("stty size")
+            if child.expect_exact([b"\r\n40 120\r\n", b"\r\n24 80\r\n"]) == 0:
+                break
+        else:
+            raise AssertionError("the demo shell never saw the new size")
+        child.send(b"\x1d")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+
+
 # The page's box grammar: NAME, TYPE/NAME, NAMESPACE/NAME.
 @pytest.mark.parametrize("target", ["demo", "machine/demo", "default/demo"])
 def test_piped_script_runs_and_exits_zero(demo: Demo, workdir: Path, target: str) -> None:

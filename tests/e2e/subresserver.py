@@ -1,4 +1,4 @@
-"""The real subres, installed from ``deploy/`` as the README says, run as a local process.
+"""The real subres, installed from ``deploy/`` (or an overlay of it) as the README says.
 
 Owns what it takes to put ``subres serve`` (cluster mode) behind a real
 kube-apiserver on this machine, following the README's install steps in a
@@ -6,7 +6,8 @@ copy of ``deploy/`` (so that generated keys never land in the checkout):
 
 - ``subres certs --out deploy/certs`` writes the kustomize component with
   the serving, agent and replica certificates and the APIService caBundle;
-- ``kubectl apply -k`` applies ``deploy/self-signed`` through an overlay that
+- ``kubectl apply -k`` applies ``deploy/self-signed`` (a `Profile` may name another
+  overlay, such as ``examples/kubevirt``) through an overlay that
   changes only what cannot exist here: the Service becomes an ExternalName
   Service for 127.0.0.1 (see ``aggregation.py`` for why that reaches a local
   process) and the APIService's port is the local one. Everything else is
@@ -25,6 +26,7 @@ bounded and fails with the logs of both subres and kube-apiserver.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import ssl
 import sys
@@ -43,9 +45,11 @@ __all__ = [
     "APISERVICE",
     "GROUP",
     "NAMESPACE",
+    "REPO",
     "SERVER_NAME",
     "SERVICE",
     "VERSION",
+    "Profile",
     "Subres",
     "launch",
     "shutdown",
@@ -70,6 +74,26 @@ AVAILABLE_TIMEOUT_S = 45.0
 with a growing delay and re-checks every APIService every 30 s at the latest."""
 
 
+@dataclass(frozen=True)
+class Profile:
+    """What to install: ``deploy/self-signed``, or another overlay such as examples/kubevirt."""
+
+    overlay: Path = Path("deploy/self-signed")
+    """The kustomization applied, relative to the checkout (copied, with ``deploy/``)."""
+    certs: Path = Path("deploy/certs")
+    """Where ``subres certs`` writes the overlay's certificate component (relative too)."""
+    apiservice: str = APISERVICE
+    """The APIService it registers."""
+    crds: tuple[str, ...] = ("machines.subres.dev",)
+    """CRDs to wait for before starting subres."""
+    resources: tuple[Path, ...] = ()
+    """Further manifests to apply with it (CRDs of a cluster without the real operator)."""
+    config: Path | None = None
+    """``--config`` of the local process (the overlay's ConfigMap would need a kubelet)."""
+    args: tuple[str, ...] = ()
+    """Further flags of ``subres serve`` (e.g. ``--access-log`` for a test that reads it)."""
+
+
 @dataclass
 class Subres:
     """A running ``subres serve`` registered with the control plane."""
@@ -85,7 +109,9 @@ class Subres:
     process: Process
     """The ``python -m subres serve`` child."""
     cert_files: Path
-    """``deploy/certs`` as ``subres certs`` wrote it (agents use its ``agent.*``)."""
+    """The certificates as ``subres certs`` wrote them (agents use its ``agent.*``)."""
+    apiservice: str = APISERVICE
+    """The APIService it is registered by."""
 
     @property
     def url(self) -> str:
@@ -157,30 +183,32 @@ class Subres:
         return f"{self.process.tail()}\n{self.plane.logs()}"
 
 
-async def launch(plane: ControlPlane, *, config: dict[str, object] | None = None) -> Subres:
-    """Install ``deploy/`` (see the module docstring), start subres, wait for Available.
+async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
+    """Install ``profile`` (see the module docstring), start subres, wait for Available.
 
-    `config` becomes its ``--config`` file. The caller must ``shutdown()`` the result.
+    The caller must ``shutdown()`` the result.
     """
     workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-server-"))
     try:
         [port] = free_ports(1)
-        shutil.copytree(DEPLOY, workdir / "deploy", ignore=shutil.ignore_patterns("certs"))
-        certs_dir = workdir / "deploy" / "certs"
-        await _subres_certs(workdir, certs_dir.relative_to(workdir))
-        _write_kustomization(workdir / "e2e", port)
+        for tree in {Path("deploy"), profile.overlay}:
+            shutil.copytree(REPO / tree, workdir / tree, ignore=shutil.ignore_patterns("certs"))
+        certs_dir = workdir / profile.certs
+        await _subres_certs(workdir, profile.certs, profile.apiservice)
+        _write_kustomization(workdir, port, profile)
         (await plane.kubectl("apply", "--server-side", "-k", str(workdir / "e2e"))).check()
-        (
-            await plane.kubectl(
-                "wait", "--for=condition=Established", "crd/machines.subres.dev", "--timeout=30s"
-            )
-        ).check()
+        for crd in profile.crds:
+            (
+                await plane.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s"
+                )
+            ).check()
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
         args = _serve_args(certs_dir, workdir / "cert-dir", kubeconfig, port)
-        if config is not None:
-            (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-            args.append(f"--config={workdir / 'config.yaml'}")
+        if profile.config is not None:
+            args.append(f"--config={profile.config}")
+        args += profile.args
         server = Subres(
             plane=plane,
             workdir=workdir,
@@ -188,6 +216,7 @@ async def launch(plane: ControlPlane, *, config: dict[str, object] | None = None
             ca=certs_dir / "ca.crt",
             process=Process(name="subres", args=args, log=workdir / "subres.log"),
             cert_files=certs_dir,
+            apiservice=profile.apiservice,
         )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -206,7 +235,7 @@ async def shutdown(server: Subres) -> None:
     try:
         await server.stop()
         await server.plane.api(
-            "DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}"
+            "DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{server.apiservice}"
         )
     finally:
         shutil.rmtree(server.workdir, ignore_errors=True)
@@ -233,13 +262,19 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
     ]
 
 
-def _write_kustomization(overlay: Path, port: int) -> None:
-    """``deploy/self-signed`` plus what a server on this machine needs instead of a pod."""
+def _write_kustomization(workdir: Path, port: int, profile: Profile) -> None:
+    """The profile's overlay plus what a server on this machine needs instead of a pod."""
+    overlay = workdir / "e2e"
     overlay.mkdir()
+    for path in profile.resources:  # kustomize loads files from under the overlay only
+        shutil.copy(path, overlay / path.name)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": ["../deploy/self-signed"],
+        "resources": [
+            os.path.relpath(workdir / profile.overlay, overlay),
+            *(p.name for p in profile.resources),
+        ],
         "patches": [
             {
                 "patch": _yaml(
@@ -260,7 +295,7 @@ def _write_kustomization(overlay: Path, port: int) -> None:
                     {
                         "apiVersion": "apiregistration.k8s.io/v1",
                         "kind": "APIService",
-                        "metadata": {"name": APISERVICE},
+                        "metadata": {"name": profile.apiservice},
                         "spec": {"service": {"port": port}},
                     }
                 )
@@ -270,11 +305,11 @@ def _write_kustomization(overlay: Path, port: int) -> None:
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
 
 
-async def _subres_certs(cwd: Path, out: Path) -> None:
-    """Run the real ``subres certs --out deploy/certs`` verb in `cwd`, as the README says."""
+async def _subres_certs(cwd: Path, out: Path, apiservice: str) -> None:
+    """Run the real ``subres certs --out <overlay's certs>`` verb in `cwd`, as the README says."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "subres", "certs", f"--service={SERVICE}",
-        f"--namespace={NAMESPACE}", f"--out={out}", cwd=cwd,
+        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}", cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from PIL import Image
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Subprotocol
@@ -91,7 +92,9 @@ class TwoNodes:
 @pytest.fixture(scope="module")
 def nodes(control_plane: ControlPlane) -> Iterator[TwoNodes]:
     root = Path(tempfile.mkdtemp(prefix="subres-e2e-nodes-"))
-    server = run_sync(subresserver.launch(control_plane, config=config(root)))
+    (root / "config.yaml").write_text(yaml.safe_dump(config(root)))
+    profile = subresserver.Profile(config=root / "config.yaml")
+    server = run_sync(subresserver.launch(control_plane, profile))
     agents: dict[str, Process] = {}
     try:
         run_sync(bind_machine_users(control_plane, "agent-machine-users"))

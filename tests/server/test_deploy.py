@@ -187,3 +187,12 @@ def test_generated_certificates_are_ignored_by_git() -> None:
         check=False,
     )
     assert ignored.returncode == 0
+
+
+def test_certs_verb_names_the_kubevirt_profiles_apiservice(tmp_path: Path) -> None:
+    argv = ["certs", "--out", str(tmp_path), "--apiservice", "v1.subresources.kubevirt.io"]
+    assert main(argv) == 0
+    patch = yaml.safe_load((tmp_path / "apiservice-cabundle.yaml").read_text())
+    assert patch["metadata"]["name"] == "v1.subresources.kubevirt.io"
+    profile = yaml.safe_load((DEPLOY.parent / "examples/kubevirt/apiservice.yaml").read_text())
+    assert profile["metadata"]["name"] == patch["metadata"]["name"]
