@@ -156,13 +156,13 @@ class Subres:
     async def wait_available(self, timeout_s: float = AVAILABLE_TIMEOUT_S) -> None:
         """Wait until the APIService is ``Available=True``; raise with the logs otherwise."""
         try:
-            await wait_apiservice_available(self.plane, APISERVICE, timeout_s=timeout_s)
+            await wait_apiservice_available(self.plane, self.apiservice, timeout_s=timeout_s)
         except ControlPlaneError as exc:
             raise self.failure(str(exc)) from None
 
     async def available_status(self) -> str | None:
         """The APIService's ``Available`` condition status (``"True"``, ``"False"``…)."""
-        condition = await apiservice_condition(self.plane, APISERVICE)
+        condition = await apiservice_condition(self.plane, self.apiservice)
         return None if condition is None else str(condition.get("status"))
 
     async def start(self) -> None:
@@ -191,7 +191,10 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
     workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-server-"))
     try:
         [port] = free_ports(1)
-        for tree in {Path("deploy"), profile.overlay}:
+        trees = [Path("deploy")]
+        if not profile.overlay.is_relative_to("deploy"):
+            trees.append(profile.overlay)
+        for tree in trees:
             shutil.copytree(REPO / tree, workdir / tree, ignore=shutil.ignore_patterns("certs"))
         certs_dir = workdir / profile.certs
         await _subres_certs(workdir, profile.certs, profile.apiservice)
