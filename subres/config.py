@@ -103,6 +103,8 @@ class SubresourceSpec:
     """State rules checked before dialing, in order; the first that fails answers."""
     ssh: SshSpec | None = None
     """SSH login for `ssh://` endpoints (and for portforward, the jump host)."""
+    node_local: bool = False
+    """tcp (and udp) endpoints are on the parent's node: its agent dials them (unix always is)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ class ParentSpec:
     instance: InstanceSpec | None = None
     """When set, subresources act on an owned object of another parent kind (a KubeVirt
     VirtualMachine's VirtualMachineInstance); `subresources` then read that object."""
+    node: str = ".status.nodeName"
+    """Field path of the node the machine runs on; its node-local endpoints go through
+    that node's agent. Empty: every endpoint is dialed directly."""
 
     @property
     def api_version(self) -> str:
@@ -264,7 +269,7 @@ def parse(data: Any) -> Config:
 
 
 def _parent(data: Any) -> ParentSpec:
-    keys = {"resource", "singular", "kind", "source", "subresources", "instance"}
+    keys = {"resource", "singular", "kind", "source", "subresources", "instance", "node"}
     doc = _mapping(data, "parent", keys)
     resource = _str(doc.get("resource"), "parent.resource")
     source = _mapping(doc.get("source"), f"{resource}.source", {"group", "version", "resource"})
@@ -278,6 +283,7 @@ def _parent(data: Any) -> ParentSpec:
         crd_resource=_str(source.get("resource", resource), f"{resource}.source.resource"),
         subresources={name: _subresource(name, spec) for name, spec in subs.items()},
         instance=_instance(doc["instance"], f"{resource}.instance") if "instance" in doc else None,
+        node=_str(doc.get("node", ParentSpec.node), f"{resource}.node"),
     )
 
 
@@ -290,13 +296,16 @@ def _instance(data: Any, what: str) -> InstanceSpec:
 
 
 def _subresource(name: str, data: Any) -> SubresourceSpec:
-    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "ssh"})
+    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "ssh", "nodeLocal"})
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
     elif "endpoint" not in doc:
         raise ConfigError(f"{name} needs an `endpoint` field path or template")
     ports = _str(doc.get("ports", ""), f"{name}.ports")
+    node_local = doc.get("nodeLocal", False)
+    if not isinstance(node_local, bool):
+        raise ConfigError(f"{name}.nodeLocal must be true or false")
     return SubresourceSpec(
         name=name,
         endpoint=_source(doc.get("endpoint"), f"{name}.endpoint"),
@@ -304,6 +313,7 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         ports=ports if ports == ANY_PORT else _path(ports or None, f"{name}.ports"),
         requires=_requirements(doc.get("require", {}), f"{name}.require"),
         ssh=_ssh(name, doc["ssh"]) if "ssh" in doc else None,
+        node_local=node_local,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -39,6 +40,7 @@ __all__ = [
     "end_process",
     "free_port",
     "machine",
+    "node_local_config",
     "open_fds",
     "serve_process",
     "start_standalone",
@@ -69,6 +71,28 @@ def machine(
         "spec": {**body, **(spec or {})},
         "status": {"phase": phase, **(status or {})},
     }
+
+
+def node_local_config(*node_local: str) -> dict[str, Any]:
+    """A --config `parents` entry for Machines whose `node_local` subresources' tcp
+    endpoints are on the machine's node (dialed by its agent)."""
+    endpoints = {"endpoint": ".spec.console.endpoint"}
+    display = {"endpoint": ".spec.vnc.endpoint"}
+    subresources: dict[str, dict[str, Any]] = {
+        "console": endpoints,
+        "vnc": display,
+        "screenshot": dict(display),
+        "portforward": {"address": ".spec.portForward.address", "ports": ".spec.portForward.ports"},
+    }
+    for name in node_local:
+        subresources[name] = {**subresources[name], "nodeLocal": True}
+    machines = {
+        "resource": "machines",
+        "kind": "Machine",
+        "source": {"group": "subres.dev", "version": "v1alpha1", "resource": "machines"},
+        "subresources": subresources,
+    }
+    return {"parents": [machines]}
 
 
 @dataclass
@@ -253,11 +277,13 @@ async def start_standalone(
     *objects: dict[str, Any],
     session: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> AsyncIterator[Standalone]:
     """Start a standalone server with `objects`; stop it afterwards.
 
     `config` replaces top-level keys of the test configuration (loopback and `tmp`
-    allowed, a 2 s connect timeout), e.g. `group`, `version` and `parents` of a profile.
+    allowed, a 2 s connect timeout), e.g. `group`, `version` and `parents` of a profile;
+    `options` replaces flags.
     """
     token = "test-token-" + os.urandom(8).hex()
     (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
@@ -271,7 +297,7 @@ async def start_standalone(
     (tmp / "config.yaml").write_text(yaml.safe_dump(settings))
     machines = tmp / "machines.yaml"
     machines.write_text(yaml.safe_dump_all(list(objects)))
-    options = Options(
+    flags = Options(
         secure_port=0,
         bind_address="127.0.0.1",
         cert_dir=tmp / "certs",
@@ -286,7 +312,7 @@ async def start_standalone(
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
         shutdown_grace=1.0,
     )
-    server = complete(options)
+    server = complete(dataclasses.replace(flags, **(options or {})))
     await server.start()
     ca = tmp / "certs" / "ca.crt"
     try:

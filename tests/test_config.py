@@ -14,6 +14,9 @@ def test_defaults_serve_machines() -> None:
     assert machines is not None and machines.api_version == "subres.dev/v1alpha1"
     assert set(machines.subresources) == set(config.SUBRESOURCES)
     assert machines.subresources["console"].endpoint == ".spec.console.endpoint"
+    # Node-local: unix sockets of a Machine that names its node; tcp only when marked.
+    assert machines.node == ".status.nodeName"
+    assert not any(s.node_local for s in machines.subresources.values())
 
 
 def test_full_file() -> None:
@@ -26,10 +29,12 @@ def test_full_file() -> None:
                     "resource": "hosts",
                     "kind": "BareMetalHost",
                     "source": {"group": "metal3.io", "version": "v1alpha1"},
+                    "node": ".spec.consumerRef.node",
                     "subresources": {
                         "console": {
                             "endpoint": ".status.console",
                             "require": {".status.state": ["provisioned", "ready"]},
+                            "nodeLocal": True,
                         }
                     },
                 }
@@ -42,6 +47,7 @@ def test_full_file() -> None:
     assert hosts is not None and hosts.singular == "host" and hosts.crd_resource == "hosts"
     rule = hosts.subresources["console"].requires[0]
     assert rule == config.Requirement(".status.state", ("provisioned", "ready"))
+    assert hosts.node == ".spec.consumerRef.node" and hosts.subresources["console"].node_local
     assert cfg.session.ping_interval == 30 and cfg.session.read_size == 65536
     assert cfg.policy.socket_dirs == ()
 
@@ -68,6 +74,19 @@ def test_full_file() -> None:
                 ]
             },
             "portforward needs",
+        ),
+        (
+            {
+                "parents": [
+                    {
+                        "resource": "x",
+                        "kind": "X",
+                        "source": {"group": "g", "version": "v"},
+                        "subresources": {"console": {"endpoint": ".a", "nodeLocal": "yes"}},
+                    }
+                ]
+            },
+            "console.nodeLocal must be true or false",
         ),
     ],
 )

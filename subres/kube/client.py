@@ -32,6 +32,7 @@ __all__ = [
     "Leases",
     "ListWatch",
     "Page",
+    "Pods",
     "WatchEvent",
     "connect",
     "status_error",
@@ -279,17 +280,30 @@ class ConfigMaps(_Listing):
 
 
 @dataclass(frozen=True)
-class Leases(_Listing):
-    """The Leases of one namespace that a label selector picks."""
+class _Selected(_Listing):
+    """The objects of one namespace that a label selector picks."""
 
     api: Api
     namespace: str
     """The namespace."""
     label_selector: str
-    """E.g. `app.kubernetes.io/component=session`."""
+    """E.g. `app.kubernetes.io/name=subres-agent`."""
+
+
+class Leases(_Selected):
+    """The Leases of one namespace that a label selector picks (the session Leases)."""
 
     def _request(self, **params: Any) -> Any:
         return self.api._coordination().list_namespaced_lease(
+            self.namespace, label_selector=self.label_selector, **params
+        )
+
+
+class Pods(_Selected):
+    """The pods of one namespace that a label selector picks (the node agents)."""
+
+    def _request(self, **params: Any) -> Any:
+        return self.api._core().list_namespaced_pod(
             self.namespace, label_selector=self.label_selector, **params
         )
 

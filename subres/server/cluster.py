@@ -4,8 +4,9 @@ Builds, from validated options, the apiserver clients (main, authentication,
 authorization), the authentication configuration (read at start from the
 cluster's ConfigMap unless flags give it all), the delegating authenticator
 and webhook authorizer, one informer per parent CRD plus one for the
-ConfigMap, and the session Leases that keep console and vnc exclusive across
-replicas. `Cluster` starts those informers and stops them and the clients.
+ConfigMap, the session Leases that keep console and vnc exclusive across
+replicas, and, when agents are configured, one informer for the agent pods.
+`Cluster` starts those informers and stops them and the clients.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from subres.auth.webhook import (
 )
 from subres.config import Config
 from subres.kube import client
+from subres.kube.agents import AgentPods
 from subres.kube.cache import ParentCache
 from subres.kube.informer import Informer, InformerSettings
 from subres.server.options import Options
@@ -55,6 +57,8 @@ class Cluster:
     """Console and vnc slots shared with the other replicas."""
     apis: tuple[client.Api, ...]
     """Every distinct client, closed on stop."""
+    agents: AgentPods | None = None
+    """Where each node's agent is (None when no agent certificate is configured)."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -122,6 +126,12 @@ async def _assemble(
         informers.append(
             Informer(source=objects, sink=caches[parent.resource], name=name, settings=settings)
         )
+    agents = None
+    if options.agent_ca_file is not None:
+        agents = AgentPods(options.agent_port_name)
+        pods = client.Pods(main, options.service_namespace, options.agent_selector)
+        name = f"{options.service_namespace}/pods {options.agent_selector}"
+        informers.append(Informer(source=pods, sink=agents, name=name, settings=settings))
     tokens = TokenReviewAuthenticator(
         authn_api,
         TokenReviewSettings(
@@ -155,6 +165,7 @@ async def _assemble(
         informers=tuple(informers),
         leases=leases,
         apis=tuple(dict.fromkeys(apis)),
+        agents=agents,
     )
 
 

@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from subres.backends import agent
+from subres.server import certs
+
 __all__ = ["Options", "add_arguments", "add_operator_arguments", "duration"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
@@ -75,6 +78,19 @@ class Options:
     """Cluster mode: seconds between renewals of a live session's Lease."""
     replica_name: str = ""
     """Cluster mode: this replica in session Lease holder identities; empty means the host name."""
+    agents: tuple[tuple[str, str], ...] = ()
+    """Standalone: (node, https URL) of each node agent (`--agent NODE=URL`)."""
+    agent_ca_file: Path | None = None
+    """CA of the agents' serving certificates; agents are used only with it."""
+    agent_client_cert_file: Path | None = None
+    """The client certificate this replica presents to agents."""
+    agent_client_key_file: Path | None = None
+    agent_server_name: str = ""
+    """The name every agent's certificate carries (default subres-agent.<namespace>.svc)."""
+    agent_selector: str = "app.kubernetes.io/name=subres-agent"
+    """Cluster mode: label selector of the agent pods in the service namespace."""
+    agent_port_name: str = "relay"
+    """Cluster mode: name of the agent container's relay port."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -117,6 +133,14 @@ class Options:
             lease_duration=ns.lease_duration,
             lease_renew_interval=ns.lease_renew_interval,
             replica_name=ns.replica_name,
+            agents=tuple(_agent(text) for text in ns.agent or ()),
+            agent_ca_file=ns.agent_ca_file,
+            agent_client_cert_file=ns.agent_client_cert_file,
+            agent_client_key_file=ns.agent_client_key_file,
+            agent_server_name=ns.agent_server_name
+            or f"{certs.AGENT_SERVICE}.{ns.service_namespace}.svc",
+            agent_selector=ns.agent_selector,
+            agent_port_name=ns.agent_port_name,
         )
 
     def validate(self) -> list[str]:
@@ -132,6 +156,7 @@ class Options:
             problems.append("--shutdown-delay must not be negative")
         problems += self._mode_problems()
         problems += self._lease_problems()
+        problems += self._agent_problems()
         for flag, ttl in (
             (
                 "--authentication-token-webhook-cache-ttl",
@@ -156,6 +181,24 @@ class Options:
             problems.append("--lease-duration must be a whole number of seconds, at least 1s")
         if not 0 < self.lease_renew_interval < self.lease_duration:
             problems.append("--lease-renew-interval must be above 0 and below --lease-duration")
+        return problems
+
+    def _agent_problems(self) -> list[str]:
+        problems = []
+        files = (self.agent_ca_file, self.agent_client_cert_file, self.agent_client_key_file)
+        if any(files) and not all(files):
+            problems.append(
+                "--agent-ca-file, --agent-client-cert-file and --agent-client-key-file go together"
+            )
+        for node, url in self.agents:
+            try:
+                agent.parse_agent_url(url)
+            except ValueError as exc:
+                problems.append(f"--agent {node}={url}: {exc}")
+            if not node:
+                problems.append(f"--agent ={url}: want NODE=https://HOST:PORT")
+        if self.agents and self.standalone is None:
+            problems.append("--agent is for --standalone; in a cluster agents are found by pod")
         return problems
 
     def _mode_problems(self) -> list[str]:
@@ -208,6 +251,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the browser page under /ui holds no secrets",
     )
     _add_cluster_arguments(parser)
+    _add_agent_arguments(parser)
     add(
         "--shutdown-delay",
         type=duration,
@@ -303,6 +347,36 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--authorization-webhook-cache-unauthorized-ttl",
     ):
         add(flag, type=duration, default=10.0, help="how long verdicts are cached (e.g. 10s, 1m)")
+
+
+def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags for reaching node agents."""
+    add = parser.add_argument
+    add(
+        "--agent",
+        action="append",
+        metavar="NODE=URL",
+        help="standalone: the agent of NODE at https://HOST:PORT (repeatable)",
+    )
+    add("--agent-ca-file", type=Path, help="CA of the node agents' serving certificates")
+    add("--agent-client-cert-file", type=Path, help="client certificate presented to agents")
+    add("--agent-client-key-file", type=Path, help="its key")
+    add(
+        "--agent-server-name",
+        default="",
+        help="name the agents' certificates carry (default subres-agent.<namespace>.svc)",
+    )
+    add(
+        "--agent-selector",
+        default="app.kubernetes.io/name=subres-agent",
+        help="cluster mode: label selector of the agent pods in --service-namespace",
+    )
+    add("--agent-port-name", default="relay", help="cluster mode: the agents' relay port name")
+
+
+def _agent(text: str) -> tuple[str, str]:
+    node, _, url = text.partition("=")
+    return node.strip(), url.strip()
 
 
 def duration(text: str) -> float:

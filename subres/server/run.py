@@ -22,6 +22,7 @@ import contextlib
 import logging
 import resource
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,6 +34,7 @@ from subres.auth.authn import Authenticator
 from subres.auth.authz import StandaloneAuthorizer
 from subres.auth.cafile import CAFile
 from subres.auth.tokenfile import TokenFile
+from subres.backends.agent import Agents, ClientTLS, Directory, StaticDirectory
 from subres.kube.cache import ParentCache
 from subres.kube.informer import InformerSettings
 from subres.kube.secrets import ApiSecrets, CachedSecrets
@@ -200,6 +202,7 @@ def complete(options: Options) -> Server:
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
         tls_ready=tls.ready,
         secrets=CachedSecrets(secrets),
+        agents=_agents(options, StaticDirectory(dict(options.agents))),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 
@@ -224,12 +227,10 @@ async def complete_cluster(
         authenticator=parts.authenticator,
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
-        readiness={
-            "authentication-config": lambda: parts.auth.ready,
-            "session-leases": lambda: parts.leases.synced,
-        },
+        readiness=_readiness(parts),
         secrets=ApiSecrets(parts.apis[0]),
         sessions=Sessions(shared=parts.leases),
+        agents=_agents(options, parts.agents or StaticDirectory({})),
     )
     state.metrics.watch_caches(
         {
@@ -238,6 +239,32 @@ async def complete_cluster(
         }
     )
     return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
+
+
+def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
+    """Cluster mode's /readyz checks beyond TLS and the parent caches."""
+    checks: dict[str, Callable[[], bool]] = {
+        "authentication-config": lambda: parts.auth.ready,
+        "session-leases": lambda: parts.leases.synced,
+    }
+    agents = parts.agents
+    if agents is not None:
+        # Until the agent pods are listed, every node would look agentless (503).
+        checks["agent-pods"] = lambda: agents.synced
+    return checks
+
+
+def _agents(options: Options, directory: Directory) -> Agents:
+    """How node-local endpoints are reached: agents need the client certificate files."""
+    tls = None
+    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
+        tls = ClientTLS(
+            cert=options.agent_client_cert_file,
+            key=options.agent_client_key_file,
+            ca=options.agent_ca_file,
+            server_name=options.agent_server_name,
+        )
+    return Agents(directory=directory, tls=tls)
 
 
 def _serving_pair(options: Options) -> tuple[Path, Path]:

@@ -15,6 +15,7 @@ from subres.auth.authn import Credentials
 from subres.auth.authz import Decision
 from subres.auth.user import UserInfo
 from subres.backends import ssh
+from subres.backends.agent import Agents
 from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.kube.secrets import NoSecrets, Secrets
@@ -55,6 +56,8 @@ class State:
     """Set on SIGTERM: /readyz fails from then on, so that endpoints stop sending requests."""
     readiness: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     """Further /readyz checks by name (cluster mode: the authentication configuration)."""
+    agents: Agents | None = None
+    """How node-local endpoints are reached; None when no agents are configured."""
     sessions: Sessions = field(default_factory=Sessions)
     metrics: Metrics = field(default_factory=Metrics)
     secrets: Secrets = field(default_factory=NoSecrets)

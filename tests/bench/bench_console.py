@@ -5,7 +5,8 @@ It prints markdown tables:
 
 1. Round-trip latency (p50/p99/mean, µs) of small messages through a TCP
    echo backend: directly over TCP, through subres with raw framing
-   (`plain.kubevirt.io`), and through subres with `v5.channel.k8s.io`; then
+   (`plain.kubevirt.io`), the same through a node agent (`subres agent`, its
+   own process, mutual TLS), and through subres with `v5.channel.k8s.io`; then
    the same echo as an SSH console (`tests.bench.ssh_echo`, asyncssh): an SSH
    client straight to it, and subres with its `ssh://` backend.
 2. Console sessions opened and closed per second (TLS handshake, upgrade,
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -47,6 +49,7 @@ import yaml
 
 from subres.server import certs
 from tests.bench import memory
+from tests.bench.agent import NODE, start_agent
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
 from tests.bench.procs import Child, build_loadgen, cpu_seconds, spawn
 
@@ -151,6 +154,8 @@ class Files:
 
     root: Path
     token: str
+    agent_flags: tuple[str, ...] = ()
+    """Flags that point the server at the running node agent (`m-agent` goes through it)."""
 
     @property
     def ca(self) -> Path:
@@ -175,7 +180,12 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
     policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "socketDirs": [str(root)]}
-    console = {"endpoint": ".spec.console.endpoint", "ssh": {"credentials": ".spec.console.secret"}}
+    # Node-local: m-agent, the one machine on the agent's node, is dialed through the agent.
+    console = {
+        "endpoint": ".spec.console.endpoint",
+        "ssh": {"credentials": ".spec.console.secret"},
+        "nodeLocal": True,
+    }
     parent = {
         "resource": "machines",
         "kind": "Machine",
@@ -187,16 +197,18 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
     )
 
     def machine(name: str, console: dict[str, str]) -> dict[str, object]:
+        node = {"nodeName": NODE} if name == "m-agent" else {}
         return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {"console": console},
-            "status": {"phase": "Running"},
+            "status": {"phase": "Running", **node},
         }
 
     endpoint = f"tcp://127.0.0.1:{backend_port}"
-    docs = [machine(f"m{i}", {"endpoint": endpoint}) for i in range(machines)]
+    names = ["m-agent", *(f"m{i}" for i in range(machines))]
+    docs = [machine(name, {"endpoint": endpoint}) for name in names]
     docs.append(
         machine("ssh", {"endpoint": f"ssh://bench@127.0.0.1:{ssh.port}", "secret": "ssh-echo"})
     )
@@ -254,6 +266,7 @@ def server_args(files: Files, variant: str, settings: Settings) -> tuple[str, li
         *("--config", str(files.root / "config.yaml")),
         *("--secure-port", "0", "--cert-dir", str(files.root / "certs")),
         *("--bind-address", "127.0.0.1"),
+        *files.agent_flags,
     ]
     if variant == "serve":
         return "subres", ["serve", *flags]
@@ -387,6 +400,10 @@ async def latency_table(server: Server, backend_port: int, ssh: SshEcho, setting
             await ws_roundtrips(server.target, "m0", RAW, n, payload),
         ),
         (
+            f"subres, WebSocket+TLS, `{RAW}`, through the node agent (mTLS)",
+            await ws_roundtrips(server.target, "m-agent", RAW, n, payload),
+        ),
+        (
             f"subres, WebSocket+TLS, `{V5}`",
             await ws_roundtrips(server.target, "m1", V5, n, payload),
         ),
@@ -510,8 +527,13 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
             backend_port = int(found.group(1))
             ssh = SshEcho(ssh_port, host_key, password)
             files = write_files(Path(tmp), settings.machines, backend_port, ssh)
-            async with asyncio.timeout(settings.budget):
-                await run_phases(settings, files, backend_port, ssh)
+            agent = await start_agent(Path(tmp), log=Path(tmp) / "agent.log")
+            try:
+                files = dataclasses.replace(files, agent_flags=tuple(agent.flags))
+                async with asyncio.timeout(settings.budget):
+                    await run_phases(settings, files, backend_port, ssh)
+            finally:
+                await agent.child.stop()
         finally:
             await ssh_echo.stop()
             await echo.stop()

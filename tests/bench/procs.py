@@ -29,6 +29,7 @@ __all__ = [
     "spawn",
     "spawn_program",
     "tree_cpu_seconds",
+    "wait_listening",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,3 +210,24 @@ def build_loadgen() -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+LISTEN_TIMEOUT = 60.0
+"""Seconds a started server (relay, agent) may take to listen."""
+
+
+async def wait_listening(child: Child, port: int) -> None:
+    """Wait until `port` accepts connections (the probe connection is closed at once)."""
+    async with asyncio.timeout(LISTEN_TIMEOUT):
+        while True:
+            if child.proc.returncode is not None:
+                raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return

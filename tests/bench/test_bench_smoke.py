@@ -18,7 +18,8 @@ def test_bench_console_prints_its_tables() -> None:
     for title in TABLE_TITLES:
         assert title in out
     assert "| subres, WebSocket+TLS, `v5.channel.k8s.io` |" in out
+    assert "through the node agent (mTLS) |" in out
     assert "| SSH client straight to the SSH echo server |" in out
     assert "console on the SSH echo server (`ssh://`) |" in out
-    # Every measured row is present: five paths, two concurrencies, one idle level.
-    assert out.count("\n| ") >= 5 + 2 + 1 + 3
+    # Every measured row is present: six paths, two concurrencies, one idle level.
+    assert out.count("\n| ") >= 6 + 2 + 1 + 3

@@ -64,17 +64,18 @@ def subres(control_plane: ControlPlane) -> Iterator[Subres]:
     """subres deployed, running and Available, with alice's group bound to the user role."""
     server = run_sync(subresserver.launch(control_plane))
     try:
-        run_sync(_bind_machine_users(control_plane))
+        run_sync(bind_machine_users(control_plane))
         yield server
     finally:
         run_sync(subresserver.shutdown(server))
 
 
-async def _bind_machine_users(plane: ControlPlane) -> None:
+async def bind_machine_users(plane: ControlPlane, name: str = "machine-users") -> None:
+    """Bind group `USERS_GROUP` (alice) to the user role in NS, under the binding `name`."""
     await plane.ensure_namespace(NS)
     await bind(
         plane,
-        "machine-users",
+        name,
         subject=f"--group={USERS_GROUP}",
         check_as=["--as=alice", f"--as-group={USERS_GROUP}"],
     )
@@ -118,8 +119,10 @@ async def put_machine(
     vnc: str | None = None,
     forward: tuple[str, list[int]] | None = None,
     phase: str = "Running",
+    node: str | None = None,
 ) -> None:
-    """Create or update a Machine with real kubectl, then set its status subresource."""
+    """Create or update a Machine with real kubectl, then set its status subresource
+    (`phase`, and `nodeName` when `node` is given)."""
     spec: dict[str, Any] = {}
     if console is not None:
         spec["console"] = {"endpoint": console}
@@ -134,7 +137,7 @@ async def put_machine(
         "spec": spec,
     }
     (await plane.kubectl("apply", "-f", "-", stdin=json.dumps(obj))).check()
-    status = json.dumps({"status": {"phase": phase}})
+    status = json.dumps({"status": {"phase": phase, **({"nodeName": node} if node else {})}})
     (
         await plane.kubectl(
             "patch", "machine", name, "-n", NS, "--subresource=status", "--type=merge", "-p", status

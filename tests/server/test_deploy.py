@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,14 @@ from subres.main import main
 from subres.server.options import add_arguments
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+BASE = DEPLOY / "base"
 
 
 def documents() -> dict[tuple[str, str], dict[str, Any]]:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     docs = {}
     for name in kustomization["resources"]:
-        for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
+        for doc in yaml.safe_load_all((BASE / name).read_text()):
             docs[(doc["kind"], doc["metadata"]["name"])] = doc
     return docs
 
@@ -46,6 +48,8 @@ def test_manifests_hold_the_contract() -> None:
     assert (api["group"], api["version"]) == ("subresources.subres.dev", "v1alpha1")
     assert 1 <= api["groupPriorityMinimum"] <= 20000 and 1 <= api["versionPriority"] <= 1000
     assert ("PodDisruptionBudget", "subres") in docs
+    # No placeholder: the caBundle comes from an overlay.
+    assert "caBundle" not in api
 
 
 def test_the_kubelet_waits_longer_than_the_server_drains() -> None:
@@ -80,17 +84,98 @@ def test_the_server_may_keep_session_leases_in_its_own_namespace() -> None:
     ]
 
 
-def test_certs_verb_writes_secret_and_cabundle(tmp_path: Path) -> None:
+def test_editors_get_the_interactive_subresources_and_screenshots_stay_opt_in() -> None:
+    docs = documents()
+    labels = docs[("ClusterRole", "subres-machine-user")]["metadata"]["labels"]
+    assert labels == {
+        "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+        "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+    }
+    assert "labels" not in docs[("ClusterRole", "subres-screenshot-viewer")]["metadata"]
+
+
+def test_the_agent_daemonset_mounts_one_narrow_socket_directory() -> None:
+    docs = documents()
+    daemonset = docs[("DaemonSet", "subres-agent")]["spec"]["template"]["spec"]
+    assert daemonset["serviceAccountName"] == "subres-agent"
+    assert daemonset["automountServiceAccountToken"] is False
+    assert docs[("ServiceAccount", "subres-agent")]["automountServiceAccountToken"] is False
+    [host] = [v["hostPath"]["path"] for v in daemonset["volumes"] if "hostPath" in v]
+    assert host == "/run/subres-machines"
+    [container] = daemonset["containers"]
+    assert f"--socket-dir={host}" in container["args"]
+    assert {"name": "relay", "containerPort": 8444, "protocol": "TCP"} in container["ports"]
+    secrets = {v["secret"]["secretName"] for v in daemonset["volumes"] if "secret" in v}
+    assert secrets == {"subres-agent-tls"}
+    # Replicas find agents by pod and reach them with their own client certificate.
+    replica = docs[("Deployment", "subres")]["spec"]["template"]["spec"]
+    assert "--agent-ca-file=/etc/subres/agent/ca.crt" in replica["containers"][0]["args"]
+    finder = docs[("Role", "subres:agent-finder")]["rules"][0]
+    assert (finder["resources"], finder["verbs"]) == (["pods"], ["get", "list", "watch"])
+
+
+def test_the_image_is_set_by_one_kustomize_images_entry() -> None:
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert [i["name"] for i in kustomization["images"]] == ["subres"]
+    docs = documents()
+    images = [
+        c["image"]
+        for kind, name in (("Deployment", "subres"), ("DaemonSet", "subres-agent"))
+        for c in docs[(kind, name)]["spec"]["template"]["spec"]["containers"]
+    ]
+    assert images == ["subres", "subres"]
+
+
+def test_the_cert_manager_overlay_injects_the_ca() -> None:
+    overlay = yaml.safe_load((DEPLOY / "cert-manager" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../base", "certificates.yaml"]
+    [patch] = [yaml.safe_load(p["patch"]) for p in overlay["patches"]]
+    assert patch["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "subres-system/subres-serving-cert"
+    }
+    issued = {
+        d["spec"]["secretName"]
+        for d in yaml.safe_load_all((DEPLOY / "cert-manager" / "certificates.yaml").read_text())
+        if d["kind"] == "Certificate"
+    }
+    assert issued == {"subres-ca", "subres-serving-cert", "subres-agent-tls", "subres-agent-client"}
+
+
+def test_certs_verb_writes_a_component_with_secrets_and_cabundle(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = ["certs", "--service", "subres", "--namespace", "subres-system", "--out", str(out)]
     assert main(argv) == 0
-    secret = yaml.safe_load((out / "secret.yaml").read_text())
+    component = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    assert component["resources"] == ["secret.yaml"]
+    assert component["patches"] == [{"path": "apiservice-cabundle.yaml"}]
+    secrets = {
+        s["metadata"]["name"]: s for s in yaml.safe_load_all((out / "secret.yaml").read_text())
+    }
+    assert set(secrets) == {"subres-serving-cert", "subres-agent-tls", "subres-agent-client"}
+    agent = x509.load_pem_x509_certificate(
+        base64.b64decode(secrets["subres-agent-tls"]["data"]["tls.crt"])
+    )
+    assert (
+        agent.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        ).value.get_values_for_type(x509.DNSName)[0]
+        == "subres-agent.subres-system.svc"
+    )
+    replica = x509.load_pem_x509_certificate(
+        base64.b64decode(secrets["subres-agent-client"]["data"]["tls.crt"])
+    )
+    assert replica.subject.rfc4514_string() == "CN=subres-replica"
+    assert (out / "secret.yaml").stat().st_mode & 0o077 == 0
+    secret = secrets["subres-serving-cert"]
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "subres.subres-system.svc" in names.get_values_for_type(x509.DNSName)
     patch = yaml.safe_load((out / "apiservice-cabundle.yaml").read_text())
     ca = x509.load_pem_x509_certificate(base64.b64decode(patch["spec"]["caBundle"]))
     cert.verify_directly_issued_by(ca)
+    agent.verify_directly_issued_by(ca)
+    replica.verify_directly_issued_by(ca)
     assert secret["metadata"]["namespace"] == "subres-system"
 
 
@@ -113,7 +198,7 @@ def test_monitoring_component_scrapes_the_service_with_the_rbac_it_needs(tmp_pat
     # The CA and name it verifies with are what `subres certs` writes.
     out = tmp_path / "out"
     assert main(["certs", "--out", str(out)]) == 0
-    secret = yaml.safe_load((out / "secret.yaml").read_text())
+    secret = next(yaml.safe_load_all((out / "secret.yaml").read_text()))  # the serving one
     tls = endpoint["tlsConfig"]
     assert tls["ca"]["secret"]["name"] == secret["metadata"]["name"]
     ca = x509.load_pem_x509_certificate(
@@ -127,6 +212,15 @@ def test_monitoring_component_scrapes_the_service_with_the_rbac_it_needs(tmp_pat
     assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     binding = docs[("ClusterRoleBinding", "subres-metrics-reader")]
     assert binding["roleRef"]["name"] == "subres-metrics-reader"
+
+
+def test_generated_certificates_are_ignored_by_git() -> None:
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "deploy/certs/ca.key"],
+        cwd=DEPLOY.parent,
+        check=False,
+    )
+    assert ignored.returncode == 0
 
 
 def test_certs_verb_names_the_kubevirt_profiles_apiservice(tmp_path: Path) -> None:
