@@ -181,6 +181,8 @@ class SessionSpec:
     """Seconds a write may wait on a backend that takes no byte before the session ends (1011)."""
     ssh_idle_timeout: float = 60.0
     """Seconds a shared SSH connection stays open after its last session ended."""
+    observer_backlog: int = 1 << 20
+    """Bytes an observer may fall behind a console before it is cut off (close code 4002)."""
 
 
 @dataclass(frozen=True)
@@ -438,6 +440,7 @@ def _session(data: Any) -> SessionSpec:
         "screenshotTimeout",
         "backendWriteTimeout",
         "sshIdleTimeout",
+        "observerBacklog",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -456,6 +459,9 @@ def _session(data: Any) -> SessionSpec:
         ),
         ssh_idle_timeout=_positive(
             doc.get("sshIdleTimeout", default.ssh_idle_timeout), "sshIdleTimeout"
+        ),
+        observer_backlog=int(
+            _positive(doc.get("observerBacklog", default.observer_backlog), "observerBacklog")
         ),
     )
 

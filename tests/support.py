@@ -34,6 +34,7 @@ from subres.server.run import Server, complete
 
 __all__ = [
     "GROUP_VERSION",
+    "OTHER_USERS",
     "Backend",
     "ServeProcess",
     "Standalone",
@@ -50,6 +51,8 @@ __all__ = [
 GROUP_VERSION = "subresources.subres.dev/v1alpha1"
 SERVE_START_TIMEOUT = 60.0
 """Seconds a `subres serve` child may take to listen on a busy machine."""
+OTHER_USERS = ("bob", "carol")
+"""Users besides alice that a standalone test server knows (group devs)."""
 
 
 def machine(
@@ -179,6 +182,8 @@ class Standalone:
     client_ssl: ssl.SSLContext
     machines: Path
     client_ca: certs.KeyPair
+    tokens: dict[str, str] = field(default_factory=dict)
+    """Token of each further user (`OTHER_USERS`), by name."""
 
     @property
     def base(self) -> str:
@@ -235,6 +240,11 @@ class Standalone:
         """The Authorization header of the test user."""
         return {"Authorization": f"Bearer {self.token}"}
 
+    def auth_as(self, user: str) -> dict[str, str]:
+        """The Authorization header of `user`: alice (the test user) or one of `OTHER_USERS`."""
+        token = self.token if user == "alice" else self.tokens[user]
+        return {"Authorization": f"Bearer {token}"}
+
     def write_machines(self, *objects: dict[str, Any]) -> None:
         """Replace the machines file and load it now."""
         tmp = self.machines.with_suffix(".tmp")
@@ -286,7 +296,10 @@ async def start_standalone(
     `options` replaces flags.
     """
     token = "test-token-" + os.urandom(8).hex()
-    (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
+    others = {user: f"{user}-token-" + os.urandom(8).hex() for user in OTHER_USERS}
+    lines = [f'{token},alice,alice-uid,"devs,ops"']
+    lines += [f"{t},{user},{user}-uid,devs" for user, t in others.items()]
+    (tmp / "tokens.csv").write_text("\n".join(lines) + "\n")
     client_ca = certs.generate_ca("test-client-ca")
     client_ca.write(tmp / "client-ca.crt", tmp / "client-ca.key")
     settings = {
@@ -324,6 +337,7 @@ async def start_standalone(
             client_ssl=ssl.create_default_context(cafile=str(ca)),
             machines=machines,
             client_ca=client_ca,
+            tokens=others,
         )
     finally:
         await server.stop()

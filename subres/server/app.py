@@ -74,6 +74,8 @@ def build(state: State) -> web.Application:
         ("GET", "/metrics", metrics),
         ("GET", f"{sub}/console", console.handle),
         ("POST", f"{sub}/console", console.handle),
+        ("GET", f"{sub}/console-observe", console.observe),
+        ("POST", f"{sub}/console-observe", console.observe),
         ("GET", f"{sub}/vnc", vnc.handle),
         ("GET", f"{sub}/screenshot", screenshot.handle),
         # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.

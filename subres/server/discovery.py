@@ -17,10 +17,17 @@ from typing import Any
 
 from subres.config import Config, ParentSpec
 
-__all__ = ["AGGREGATED_TYPES", "Documents", "build", "wants_aggregated"]
+__all__ = ["AGGREGATED_TYPES", "Documents", "build", "served", "wants_aggregated"]
 
-VERBS = {"console": ["create", "get"], "portforward": ["create", "get"]}
-"""WebSocket upgrades are GET, SPDY upgrades are POST; vnc and screenshot are GET only."""
+VERBS = {
+    "console": ["create", "get"],
+    "console-observe": ["create", "get"],
+    "portforward": ["create", "get"],
+}
+"""WebSocket upgrades are GET, SPDY upgrades are POST; the others are GET only."""
+
+SHARES = {"console": "console-observe"}
+"""The read-only subresource beside each interactive one: RBAC grants it on its own."""
 
 AGGREGATED_TYPES = {
     "v2": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
@@ -101,6 +108,16 @@ def _verbs(sub: str) -> list[str]:
     return VERBS.get(sub, ["get"])
 
 
+def served(parent: ParentSpec) -> list[str]:
+    """Every subresource a parent kind has: the configured ones and their shares."""
+    names: list[str] = []
+    for sub in parent.subresources:
+        names.append(sub)
+        if sub in SHARES:
+            names.append(SHARES[sub])
+    return names
+
+
 def _resource_list(config: Config) -> dict[str, Any]:
     resources = [
         {
@@ -111,7 +128,7 @@ def _resource_list(config: Config) -> dict[str, Any]:
             "verbs": _verbs(sub),
         }
         for parent in config.parents
-        for sub in parent.subresources
+        for sub in served(parent)
     ]
     return {
         "kind": "APIResourceList",
@@ -151,7 +168,7 @@ def _discovered(config: Config, parent: ParentSpec) -> dict[str, Any]:
         "verbs": [],
         "subresources": [
             {"subresource": sub, "responseKind": kind, "verbs": _verbs(sub)}
-            for sub in parent.subresources
+            for sub in served(parent)
         ],
     }
 

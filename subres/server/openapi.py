@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from subres.config import Config
-from subres.server.discovery import VERBS
+from subres.server.discovery import VERBS, served
 
 __all__ = ["Specs", "build"]
 
@@ -57,7 +57,7 @@ def _operations(config: Config) -> dict[str, tuple[str, str, str]]:
     return {
         f"{base}/{p.resource}/{{name}}/{sub}": (p.kind, sub, p.resource)
         for p in config.parents
-        for sub in p.subresources
+        for sub in served(p)
     }
 
 
@@ -81,7 +81,7 @@ def _operation(config: Config, kind: str, sub: str, verb: str, v3: bool) -> dict
         ok["schema"] = {"type": "string"}
     op: dict[str, Any] = {
         "description": f"connect {verb.upper()} requests to {sub} of {kind}",
-        "operationId": f"connect{verb.capitalize()}Namespaced{kind}{sub.capitalize()}",
+        "operationId": f"connect{verb.capitalize()}Namespaced{kind}{_camel(sub)}",
         "tags": [config.group],
         "responses": {"200": ok, "401": {"description": "Unauthorized"}},
         "x-kubernetes-action": "connect",
@@ -126,6 +126,11 @@ def _openapi3(config: Config) -> dict[str, Any]:
         "paths": _paths(config, v3=True),
         "components": {"schemas": {}},
     }
+
+
+def _camel(name: str) -> str:
+    """`console-observe` → `ConsoleObserve`."""
+    return "".join(part.capitalize() for part in name.split("-"))
 
 
 def _dump(obj: Any) -> bytes:

@@ -19,9 +19,15 @@ client must get that as a `Status`; leaving it gives the slot up. Entering
 its outcome, or that the client's connection was lost (aiohttp then cancels
 the handler, and the work stops both directions as it unwinds); leaving
 forgets the session, records how and why it ended (`Record`), updates the
-metrics and logs one line. This is the place that audit and observers hook
-into. Both are plain objects rather than generator-based context managers:
-an idle session should cost no frame.
+metrics and logs one line. Entering also tells a backend that wants to know
+(an observer's feed, which may have to cut its client off) how to close the
+session. This is the place that audit and observers hook into. Both are
+plain objects rather than generator-based context managers: an idle session
+should cost no frame.
+
+Every session has a mode: a console's `writer` (one at a time) or
+`observer` (any number, read-only), a display's interactive `viewer` (one at
+a time) or view-only `observer`, a port-forward's `forwarder`.
 """
 
 from __future__ import annotations
@@ -43,11 +49,29 @@ from subres.server.subresource import Target
 from subres.streams.pump import Ending, Outcome, Traffic
 from subres.streams.sessions import Busy, Claim, Closable, SessionKey
 
-__all__ = ["Hold", "Live", "Record", "busy", "hold", "key", "live"]
+__all__ = [
+    "FORWARDER",
+    "OBSERVER",
+    "VIEWER",
+    "WRITER",
+    "Hold",
+    "Live",
+    "Record",
+    "busy",
+    "hold",
+    "key",
+    "live",
+]
 
 log = logging.getLogger(__name__)
 
 LOST = Outcome(Ending.CLIENT, "the client connection was lost")
+
+WRITER = "writer"
+OBSERVER = "observer"
+VIEWER = "viewer"
+FORWARDER = "forwarder"
+DEFAULT_MODES = {"console": WRITER, "vnc": VIEWER, "portforward": FORWARDER}
 
 
 @dataclass
@@ -55,6 +79,8 @@ class Record:
     """What is known of one session: who, what, how much, and how it ended."""
 
     subresource: str
+    mode: str
+    """writer, observer, viewer or forwarder."""
     dialect: str
     """The negotiated subprotocol or stream protocol; "raw" for none."""
     kind: str
@@ -84,6 +110,7 @@ class Record:
         outcome = self.outcome
         return {
             "subresource": self.subresource,
+            "mode": self.mode,
             "dialect": self.dialect,
             "kind": self.kind,
             "namespace": self.namespace,
@@ -116,17 +143,25 @@ class Live:
         *,
         claim: Claim | None,
         transport: asyncio.BaseTransport | None,
+        backend: object = None,
     ) -> None:
         self.state = state
         self.record = record
         self.client = client
         self.claim = claim
         self.transport = transport
+        self.backend = backend
 
     async def __aenter__(self) -> Live:
         self.state.sessions.start(self.claim, self)
         self.state.metrics.session_started(self.record.subresource)
+        attached = getattr(self.backend, "attached", None)
+        if callable(attached):
+            attached(self._close_later)
         return self
+
+    def _close_later(self, code: int, reason: str) -> None:
+        self.state.sessions.close_later(self, code, reason)
 
     async def __aexit__(self, *_: object) -> None:
         self.state.sessions.end(self.claim, self)
@@ -232,11 +267,18 @@ def live(
     dialect: str,
     client: Closable,
     claim: Claim | None = None,
+    mode: str = "",
+    backend: object = None,
 ) -> Live:
-    """The session of `client`, to enter once upgraded: registered, counted, finally recorded."""
+    """The session of `client`, to enter once upgraded: registered, counted, finally recorded.
+
+    `mode` defaults to the subresource's interactive one. A `backend` with an
+    `attached(closer)` method is given a way to close this session.
+    """
     user = request[USER]
     record = Record(
         subresource=target.spec.name,
+        mode=mode or DEFAULT_MODES.get(target.spec.name, WRITER),
         dialect=dialect or "raw",
         kind=target.parent.kind,
         namespace=target.namespace,
@@ -246,7 +288,7 @@ def live(
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
     )
-    return Live(state, record, client, claim=claim, transport=request.transport)
+    return Live(state, record, client, claim=claim, transport=request.transport, backend=backend)
 
 
 def _report(state: State, record: Record) -> None:
@@ -260,10 +302,11 @@ def _report(state: State, record: Record) -> None:
         traffic=record.traffic,
     )
     log.info(
-        "%s of %s by %s (%s) ended by %s after %.1fs, %d B up, %d B down: %s",
+        "%s of %s by %s (%s, %s) ended by %s after %.1fs, %d B up, %d B down: %s",
         record.subresource,
         record.machine,
         record.user,
+        record.mode,
         record.dialect,
         ending,
         seconds,

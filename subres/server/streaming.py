@@ -50,6 +50,7 @@ async def serve(
     backend: ByteStream,
     exclusive: bool,
     preserve: bool = False,
+    mode: str = "",
 ) -> web.WebSocketResponse:
     """Take the session's slot, upgrade, then pump between the client and `backend`."""
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
@@ -59,7 +60,14 @@ async def serve(
         ) as claim:
             await ws.prepare(request)
             async with session.live(
-                state, request, target=target, dialect=dialect.name, client=client, claim=claim
+                state,
+                request,
+                target=target,
+                dialect=dialect.name,
+                client=client,
+                claim=claim,
+                mode=mode,
+                backend=backend,
             ) as live:
                 await client.hello()
                 await live.run(pump(client, backend, live.record.traffic))

@@ -11,6 +11,9 @@ upgrade, so that a refusal (`Busy`) or a failure to coordinate is still an
 HTTP `Status`; it takes the slot over at once. `start` binds the upgraded
 session to its claim; `end` unbinds it and `release` gives the slot up.
 
+Observers are live sessions without a slot: they read a console's `Hub`,
+which outlives any one writer (`hubs`, made on demand, forgotten when idle).
+
 Standalone, the slots are this table alone. In cluster mode a `Shared` lock
 (session Leases, `subres.streams.leases`) makes them hold across replicas:
 `claim` first writes the Lease, and the lock calls `taken_over` when another
@@ -26,6 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from subres.streams.hub import Hub
 from subres.streams.websocket import CloseCode
 
 __all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions", "Shared"]
@@ -115,6 +119,8 @@ class Sessions:
     live: set[LiveSession] = field(default_factory=set)
     _claiming: dict[SessionKey, int] = field(default_factory=dict)
     _locks: dict[SessionKey, asyncio.Lock] = field(default_factory=dict)
+    hubs: dict[SessionKey, Hub] = field(default_factory=dict)
+    """Consoles with observers, a writer that observers may join, or a keeper."""
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -189,6 +195,25 @@ class Sessions:
         if claim.session is not None:
             self._close(claim.session, CloseCode.TAKEN_OVER, claim.lost)
 
+    def hub(self, key: SessionKey, *, feed_limit: int) -> Hub:
+        """The console `key`'s hub, made when first asked for and forgotten when idle.
+
+        `feed_limit`: bytes an observer of a new hub may fall behind.
+        """
+        hub = self.hubs.get(key)
+        if hub is None:
+            hub = Hub(on_idle=lambda idle: self._forget(key, idle), feed_limit=feed_limit)
+            self.hubs[key] = hub
+        return hub
+
+    def _forget(self, key: SessionKey, hub: Hub) -> None:
+        if self.hubs.get(key) is hub:
+            del self.hubs[key]
+
+    def close_later(self, session: Closable, code: int, reason: str) -> None:
+        """Close `session` in the background (its client may be slow to answer)."""
+        self._close(session, code, reason)
+
     async def close_all(self, reason: str) -> None:
         """Tell every live client the server is going away."""
         await asyncio.gather(
@@ -205,7 +230,7 @@ class Sessions:
         for session in list(self.live):
             session.drop()
 
-    def _close(self, session: LiveSession, code: int, reason: str) -> None:
+    def _close(self, session: Closable, code: int, reason: str) -> None:
         task = asyncio.create_task(session.close(code, reason))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)

@@ -67,6 +67,8 @@ class CloseCode:
     PROTOCOL_ERROR = 1002
     INTERNAL_ERROR = 1011
     TAKEN_OVER = 4001
+    FELL_BEHIND = 4002
+    """An observer that read the console too slowly was cut off."""
 
 
 async def close_websocket(ws: web.WebSocketResponse, code: int, reason: str) -> None:

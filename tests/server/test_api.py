@@ -54,6 +54,7 @@ async def test_resource_list_names_every_subresource(http: Client) -> None:
     verbs = {res["name"]: res["verbs"] for res in body["resources"]}
     assert verbs == {
         "machines/console": ["create", "get"],
+        "machines/console-observe": ["create", "get"],
         "machines/vnc": ["get"],
         "machines/screenshot": ["get"],
         "machines/portforward": ["create", "get"],
@@ -80,6 +81,7 @@ async def test_aggregated_discovery_etag_and_304(http: Client) -> None:
     assert resource["singularResource"] == "machine" and "verbs" in resource
     assert {sub["subresource"] for sub in resource["subresources"]} == {
         "console",
+        "console-observe",
         "vnc",
         "screenshot",
         "portforward",
@@ -96,6 +98,8 @@ async def test_openapi_v2_etag(http: Client) -> None:
         etag = r.headers["ETag"]
     path = f"/apis/{GROUP_VERSION}/namespaces/{{namespace}}/machines/{{name}}/console"
     assert set(spec["paths"][path]) == {"get", "post", "parameters"}
+    observe = spec["paths"][path + "-observe"]
+    assert observe["get"]["operationId"] == "connectGetNamespacedMachineConsoleObserve"
     async with s.get("/openapi/v2", headers={"If-None-Match": etag}) as r:
         assert r.status == 304
 

@@ -1,0 +1,310 @@
+"""One console shared by a writer and any number of observers.
+
+A console's output comes from one source at a time: the writer's own backend
+connection, read through a `Tee`, or a kept connection whose reader calls
+`Hub.publish`. Each observer reads a `Feed`: the output since it attached,
+queued up to a bound. An observer that falls further behind than that is cut
+off and told why, so that it can neither slow the writer nor grow the
+server's memory. What an observer sends is dropped. Besides observers, a hub
+hands every chunk and resize to its `Sink`s (a recording) and keeps a bounded
+`Scrollback` when the console is kept.
+
+The pump joins each client to a `ByteStream`; a `Tee` and a `Feed` are byte
+streams, so observers and writers run through the same pump in every dialect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from subres.backends.stream import ByteStream
+from subres.protocol.channels import TerminalSize
+from subres.streams.scrollback import Scrollback
+from subres.streams.websocket import CloseCode
+
+__all__ = ["FEED_LIMIT", "Closer", "Feed", "Hub", "Sink", "Tee"]
+
+log = logging.getLogger(__name__)
+
+FEED_LIMIT = 1 << 20
+"""Bytes an observer may fall behind the console before it is cut off."""
+
+
+class Sink(Protocol):
+    """Something that takes a console's output as it happens (a recording)."""
+
+    def output(self, data: bytes) -> None:
+        """Output the console produced."""
+
+    def resized(self, size: TerminalSize) -> None:
+        """The writer's terminal changed size."""
+
+    def marker(self, text: str) -> None:
+        """Something happened worth a note: who attached, who took over."""
+
+
+Closer = Callable[[int, str], None]
+"""Ends one attached client's session with a close code and the reason in words."""
+
+
+class Feed:
+    """What one attached client reads: the console's output in order, b"" when it ends.
+
+    Observers' feeds are filled without waiting (`offer`); a feed past its
+    limit is cut, and its client closed through `closer`. A kept console's
+    writer is fed with `put`, which waits for room: that writer holds the
+    console back as a writer on its own connection would.
+    """
+
+    __slots__ = (
+        "_chunks",
+        "_closer",
+        "_cut",
+        "_ended",
+        "_hub",
+        "_limit",
+        "_readable",
+        "_room",
+        "_size",
+    )
+
+    def __init__(self, hub: Hub, *, limit: int) -> None:
+        self._hub = hub
+        self._limit = limit
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._ended = False
+        self._cut = ""
+        self._closer: Closer | None = None
+        self._readable: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None
+
+    @property
+    def queued(self) -> int:
+        """Bytes waiting for the client."""
+        return self._size
+
+    def attached(self, closer: Closer) -> None:
+        """The session this feed serves is live; `closer` ends it."""
+        self._closer = closer
+        if self._cut:
+            closer(CloseCode.FELL_BEHIND, self._cut)
+
+    def offer(self, chunk: bytes) -> None:
+        """Queue `chunk` without waiting; past the limit, cut the feed off instead."""
+        if self._ended:
+            return
+        if self._chunks and self._size + len(chunk) > self._limit:
+            self.cut(f"fell more than {_amount(self._limit)} behind the console")
+            return
+        self._append(chunk)
+
+    async def put(self, chunk: bytes) -> None:
+        """Queue `chunk`, first waiting while the feed is full."""
+        while self._size >= self._limit and not self._ended:
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+        if not self._ended:
+            self._append(chunk)
+
+    def _append(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        _wake(self._readable)
+
+    def end(self) -> None:
+        """The console's output ended: the client reads what is queued, then b""."""
+        self._ended = True
+        _wake(self._readable)
+        _wake(self._room)
+
+    def cut(self, reason: str) -> None:
+        """Stop feeding this client and end its session with `reason`."""
+        if self._cut:
+            return
+        self._cut = reason
+        self._chunks.clear()
+        self._size = 0
+        self._ended = True
+        _wake(self._room)
+        if self._closer is not None:
+            self._closer(CloseCode.FELL_BEHIND, reason)
+
+    async def read(self) -> bytes:
+        """The next chunk of output; b"" once the console ended.
+
+        A feed that was cut never returns: its session is being closed, and
+        the pump stops reading when the client is gone.
+        """
+        while not self._chunks:
+            if self._ended and not self._cut:
+                return b""
+            self._readable = asyncio.get_running_loop().create_future()
+            await self._readable
+        chunk = self._chunks.popleft()
+        self._size -= len(chunk)
+        _wake(self._room)
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        """Input from a client that may not type: dropped."""
+
+    async def write_eof(self) -> None:
+        """The client's input ended: nothing to tell anyone."""
+
+    async def close(self) -> None:
+        """Detach from the console."""
+        self.end()
+        self._hub.detach(self)
+
+
+class Tee:
+    """The writer's own backend connection, its output also published to the console's hub.
+
+    The newest writer's tee is the hub's source: during a takeover the
+    writer being replaced still reads its backend until it closes, but only
+    the newcomer's output reaches the observers. Resizes and the exit status
+    pass through to the backend when it has them (`backends.stream.Terminal`).
+    """
+
+    __slots__ = ("_backend", "_hub", "_started")
+
+    def __init__(self, backend: ByteStream, hub: Hub) -> None:
+        self._backend = backend
+        self._hub = hub
+        self._started = False
+
+    @property
+    def exit_code(self) -> int | None:
+        """The backend's exit status, when it has one."""
+        code = getattr(self._backend, "exit_code", None)
+        return code if isinstance(code, int) else None
+
+    def resize(self, size: TerminalSize) -> None:
+        """Pass a window size on to a backend that takes one; the hub records it."""
+        resize = getattr(self._backend, "resize", None)
+        if callable(resize):
+            resize(size)
+        if self._hub.source is self:
+            self._hub.resized(size)
+
+    async def read(self) -> bytes:
+        """The backend's next chunk; observers get it too while this is the newest writer."""
+        if not self._started:
+            # The pump reads only once the session is registered, after any takeover.
+            self._started = True
+            self._hub.source = self
+        chunk = await self._backend.read()
+        if self._hub.source is self:
+            if chunk:
+                self._hub.publish(chunk)
+            else:
+                self._hub.end()
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        """To the backend."""
+        await self._backend.write(data)
+
+    async def write_eof(self) -> None:
+        """Half-close the backend."""
+        await self._backend.write_eof()
+
+    async def close(self) -> None:
+        """Stop being the source, then close the backend."""
+        self._hub.release(self)
+        await self._backend.close()
+
+
+class Hub:
+    """The observers, sinks and scrollback of one console.
+
+    `on_idle` is called when the hub has nothing left to serve (no source,
+    no feed, not kept), so that its registry can forget it.
+    """
+
+    def __init__(
+        self,
+        *,
+        on_idle: Callable[[Hub], None],
+        scrollback: Scrollback | None = None,
+        feed_limit: int = FEED_LIMIT,
+    ) -> None:
+        self.source: object | None = None
+        """Whatever currently produces the output (a `Tee`, a keeper); None between writers."""
+        self.feeds: set[Feed] = set()
+        self.sinks: list[Sink] = []
+        self.scrollback = scrollback
+        self.kept = scrollback is not None
+        self.size: TerminalSize | None = None
+        """The writer's last window size."""
+        self._feed_limit = feed_limit
+        self._on_idle = on_idle
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to serve: no source, no feed, not kept."""
+        return self.source is None and not self.feeds and not self.kept and not self.sinks
+
+    def attach(self, *, tail: int | None = None) -> Feed:
+        """A new observer's feed, starting with the scrollback (its last `tail` lines)."""
+        feed = Feed(self, limit=self._feed_limit)
+        if self.scrollback is not None:
+            replay = self.scrollback.tail(tail)
+            if replay:
+                feed.offer(replay)
+        self.feeds.add(feed)
+        return feed
+
+    def detach(self, feed: Feed) -> None:
+        """An observer left."""
+        self.feeds.discard(feed)
+        self._check_idle()
+
+    def release(self, source: object) -> None:
+        """`source` stopped producing output (its writer left)."""
+        if self.source is source:
+            self.source = None
+        self._check_idle()
+
+    def publish(self, chunk: bytes) -> None:
+        """New output: to the scrollback, the sinks and every feed."""
+        if self.scrollback is not None:
+            self.scrollback.append(chunk)
+        for sink in self.sinks:
+            sink.output(chunk)
+        for feed in list(self.feeds):
+            feed.offer(chunk)
+
+    def resized(self, size: TerminalSize) -> None:
+        """The writer's window changed size."""
+        self.size = size
+        for sink in self.sinks:
+            sink.resized(size)
+
+    def marker(self, text: str) -> None:
+        """Note an event in the sinks (a recording's markers)."""
+        for sink in self.sinks:
+            sink.marker(text)
+
+    def end(self) -> None:
+        """The console's output ended (its backend closed): every feed ends."""
+        for feed in list(self.feeds):
+            feed.end()
+
+    def _check_idle(self) -> None:
+        if self.idle:
+            self._on_idle(self)
+
+
+def _amount(size: int) -> str:
+    return f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} bytes"
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)

@@ -1,0 +1,257 @@
+"""Observers of a console: read-only, any number, every dialect, through takeovers.
+
+The backend echoes what it receives and keeps a copy, so a test sees both
+what every client got and exactly what reached the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from tests.server.kubepeer import machine_path
+from tests.server.test_console import (
+    BASE64_DIALECTS,
+    CHANNEL_DIALECTS,
+    RAW_DIALECTS,
+    frame,
+    read_stdout,
+    unframe,
+)
+from tests.support import Backend, Standalone, machine, start_standalone, wait_for
+
+TIMEOUT = 10.0
+
+
+class Recorder:
+    """An echo backend that keeps everything it received."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+        self.arrived = asyncio.Condition()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            async with self.arrived:
+                self.received += data
+                self.arrived.notify_all()
+            writer.write(data)
+            await writer.drain()
+
+    async def wait_received(self, size: int) -> None:
+        async with asyncio.timeout(TIMEOUT), self.arrived:
+            await self.arrived.wait_for(lambda: len(self.received) >= size)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def echo(recorder: Recorder) -> AsyncIterator[Backend]:
+    b = await Backend(handler=recorder.handle).start_tcp()
+    yield b
+    await b.stop()
+
+
+@pytest.fixture
+async def subres(tmp_path: Path, echo: Backend) -> AsyncIterator[Standalone]:
+    async with start_standalone(
+        tmp_path,
+        machine("vm1", console=echo.url),
+        machine("stopped", console=echo.url, phase="Stopped"),
+        session={"observerBacklog": 256 * 1024},
+    ) as s:
+        yield s
+
+
+def join(
+    subres: Standalone, sub: str, dialect: str | None, *, user: str = "alice", query: str = ""
+) -> connect:
+    """Open `sub` ("console" or "console-observe") of vm1 as `user`."""
+    return connect(
+        subres.url("vm1", sub) + query,
+        ssl=subres.client_ssl,
+        additional_headers=subres.auth_as(user),
+        subprotocols=[websockets.Subprotocol(dialect)] if dialect else None,
+        compression=None,
+        max_size=None,
+        open_timeout=5,
+    )
+
+
+async def skip_hello(ws: ClientConnection, dialect: str | None) -> None:
+    """Channel dialects start with an empty stdout message."""
+    if dialect not in RAW_DIALECTS:
+        assert unframe(dialect, await asyncio.wait_for(ws.recv(), TIMEOUT)) == (1, b"")
+
+
+def every_dialect() -> Iterator[str | None]:
+    yield from CHANNEL_DIALECTS + BASE64_DIALECTS + RAW_DIALECTS
+
+
+@pytest.mark.parametrize("dialect", list(every_dialect()))
+async def test_observers_see_the_writers_output_and_cannot_type(
+    subres: Standalone, recorder: Recorder, dialect: str | None
+) -> None:
+    payload = os.urandom(200_000)
+    async with (
+        join(subres, "console-observe", dialect, user="bob") as bob,
+        join(subres, "console-observe", "v5.channel.k8s.io", user="carol") as carol,
+        join(subres, "console", "v4.channel.k8s.io") as alice,
+    ):
+        await skip_hello(bob, dialect)
+        await skip_hello(carol, "v5.channel.k8s.io")
+        await skip_hello(alice, "v4.channel.k8s.io")
+        # What observers type is dropped, whatever the channel.
+        await bob.send(frame(dialect, 0, b"rm -rf /\n"))
+        await carol.send(frame("v5.channel.k8s.io", 0, b"reboot\n"))
+        await alice.send(frame("v4.channel.k8s.io", 0, payload))
+        for ws, d in ((alice, "v4.channel.k8s.io"), (bob, dialect), (carol, "v5.channel.k8s.io")):
+            got = await read_stdout(ws, d, len(payload))
+            assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+    assert bytes(recorder.received) == payload
+
+
+async def test_observers_survive_a_takeover_between_writers(
+    subres: Standalone, recorder: Recorder
+) -> None:
+    dialect = "v5.channel.k8s.io"
+    async with join(subres, "console-observe", dialect, user="carol") as carol:
+        await skip_hello(carol, dialect)
+        async with join(subres, "console", dialect) as alice:
+            await skip_hello(alice, dialect)
+            await alice.send(frame(dialect, 0, b"from alice\n"))
+            assert await read_stdout(carol, dialect, 11) == b"from alice\n"
+            async with join(subres, "console", dialect, user="bob") as bob:
+                await skip_hello(bob, dialect)
+                with pytest.raises(ConnectionClosed):
+                    async with asyncio.timeout(TIMEOUT):
+                        while True:
+                            await alice.recv()
+                assert alice.close_code == 4001
+                assert alice.close_reason == "console of default/vm1 taken over by bob"
+                await bob.send(frame(dialect, 0, b"from bob\n"))
+                assert await read_stdout(carol, dialect, 9) == b"from bob\n"
+        # Between writers an observer stays, and sees the next writer.
+        async with join(subres, "console", dialect) as alice:
+            await skip_hello(alice, dialect)
+            await alice.send(frame(dialect, 0, b"again\n"))
+            assert await read_stdout(carol, dialect, 6) == b"again\n"
+    assert bytes(recorder.received) == b"from alice\nfrom bob\nagain\n"
+
+
+async def test_the_consoles_end_ends_its_observers_cleanly(subres: Standalone) -> None:
+    dialect = "v5.channel.k8s.io"
+    async with (
+        join(subres, "console-observe", dialect, user="bob") as bob,
+        join(subres, "console", dialect) as alice,
+    ):
+        await skip_hello(bob, dialect)
+        await skip_hello(alice, dialect)
+        # v5 close signal: stdin ends, the echo backend half-closes back, the console ends.
+        await alice.send(bytes((255, 0)))
+        for ws in (alice, bob):
+            async with asyncio.timeout(TIMEOUT):
+                messages = [unframe(dialect, m) async for m in ws]
+            assert messages[-1][0] == 3 and b'"Success"' in messages[-1][1]
+            assert ws.close_code == 1000
+
+
+async def test_a_slow_observer_is_cut_off_and_the_writer_is_not_held_back(
+    subres: Standalone,
+) -> None:
+    dialect = "v5.channel.k8s.io"
+    payload = os.urandom(24 << 20)
+    async with (
+        join(subres, "console-observe", dialect, user="bob") as bob,
+        join(subres, "console", dialect) as alice,
+    ):
+        await skip_hello(alice, dialect)
+        bob.transport.pause_reading()  # bob reads nothing: his backlog grows
+
+        async def send() -> None:
+            for i in range(0, len(payload), 1 << 19):
+                await alice.send(frame(dialect, 0, payload[i : i + (1 << 19)]))
+
+        sender = asyncio.create_task(send())
+        got = await read_stdout(alice, dialect, len(payload))
+        await sender
+        assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+        bob.transport.resume_reading()
+        with pytest.raises(ConnectionClosed):
+            async with asyncio.timeout(TIMEOUT):
+                while True:
+                    await bob.recv()
+        assert bob.close_code == 4002
+        assert bob.close_reason == "fell more than 256 KiB behind the console"
+
+
+async def test_observers_leave_nothing_behind(subres: Standalone) -> None:
+    dialect = "v5.channel.k8s.io"
+    async with join(subres, "console-observe", dialect, user="bob") as bob:
+        await skip_hello(bob, dialect)
+        async with join(subres, "console", dialect) as alice:
+            await skip_hello(alice, dialect)
+        sessions = subres.server.state.sessions
+        assert len(sessions.hubs) == 1
+    await wait_for(lambda: not sessions.hubs and not sessions.live)
+
+
+async def test_observing_checks_the_machine_before_upgrading(subres: Standalone) -> None:
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with join(subres, "console-observe", "v5.channel.k8s.io", query="?tail=x"):
+            pass
+    assert refused.value.response.status_code == 400
+    with pytest.raises(websockets.InvalidStatus) as stopped:
+        async with connect(
+            subres.url("stopped", "console-observe"),
+            ssl=subres.client_ssl,
+            additional_headers=subres.auth,
+            open_timeout=5,
+        ):
+            pass
+    assert stopped.value.response.status_code == 409
+
+
+async def test_an_observer_over_spdy_sees_output_and_its_stdin_goes_nowhere(
+    subres: Standalone, recorder: Recorder, kubepeer_bin: Path
+) -> None:
+    peer = await asyncio.create_subprocess_exec(
+        str(kubepeer_bin),
+        "exec",
+        "--kubeconfig",
+        str(subres.kubeconfig()),
+        "--url",
+        machine_path("vm1", "console-observe"),
+        "--transport",
+        "spdy",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert peer.stdin is not None and peer.stdout is not None
+    try:
+        sessions = subres.server.state.sessions
+        await wait_for(lambda: len(sessions.live) == 1)
+        peer.stdin.write(b"typed by an observer\n")
+        await peer.stdin.drain()
+        dialect = "v5.channel.k8s.io"
+        async with join(subres, "console", dialect) as alice:
+            await skip_hello(alice, dialect)
+            await alice.send(frame(dialect, 0, b"hello spdy\n"))
+            async with asyncio.timeout(TIMEOUT):
+                assert await peer.stdout.readexactly(11) == b"hello spdy\n"
+    finally:
+        peer.kill()
+        await peer.wait()
+    assert bytes(recorder.received) == b"hello spdy\n"
