@@ -44,7 +44,15 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from subres.server import console, health, middleware, portforward, screenshot, vnc
+from subres.server import (
+    console,
+    health,
+    middleware,
+    portforward,
+    screenshot,
+    sessionlist,
+    vnc,
+)
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
 from subres.server.state import State
 from subres.web import page
@@ -62,7 +70,8 @@ def build(state: State) -> web.Application:
         handler_args={"max_field_size": 16384},
     )
     group, version = state.config.group, state.config.version
-    sub = f"/apis/{group}/{version}/namespaces/{{namespace}}/{{resource}}/{{name}}"
+    namespaced = f"/apis/{group}/{version}/namespaces/{{namespace}}"
+    sub = f"{namespaced}/{{resource}}/{{name}}"
     table: list[tuple[str, str, Handler]] = [
         ("GET", "/apis", apis),
         ("GET", f"/apis/{group}", api_group),
@@ -76,6 +85,9 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/console", console.handle),
         ("GET", f"{sub}/console-observe", console.observe),
         ("POST", f"{sub}/console-observe", console.observe),
+        ("GET", f"{sub}/sessions", sessionlist.for_machine),
+        ("GET", f"{namespaced}/sessions", sessionlist.for_namespace),
+        ("GET", f"/apis/{group}/{version}/sessions", sessionlist.for_namespace),
         ("GET", f"{sub}/vnc", vnc.handle),
         ("GET", f"{sub}/screenshot", screenshot.handle),
         # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.

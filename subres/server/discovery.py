@@ -28,6 +28,8 @@ VERBS = {
 
 SHARES = {"console": "console-observe"}
 """The read-only subresource beside each interactive one: RBAC grants it on its own."""
+KINDS = {"sessions": "SessionList"}
+"""Subresources that answer an object of their own kind rather than a stream."""
 
 AGGREGATED_TYPES = {
     "v2": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
@@ -115,7 +117,7 @@ def served(parent: ParentSpec) -> list[str]:
         names.append(sub)
         if sub in SHARES:
             names.append(SHARES[sub])
-    return names
+    return [*names, "sessions"]
 
 
 def _resource_list(config: Config) -> dict[str, Any]:
@@ -124,12 +126,21 @@ def _resource_list(config: Config) -> dict[str, Any]:
             "name": f"{parent.resource}/{sub}",
             "singularName": "",
             "namespaced": True,
-            "kind": parent.kind,
+            "kind": KINDS.get(sub, parent.kind),
             "verbs": _verbs(sub),
         }
         for parent in config.parents
         for sub in served(parent)
     ]
+    resources.append(
+        {
+            "name": "sessions",
+            "singularName": "session",
+            "namespaced": True,
+            "kind": "Session",
+            "verbs": ["list"],
+        }
+    )
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",
@@ -149,7 +160,10 @@ def _aggregated(config: Config, version: str) -> dict[str, Any]:
                 "versions": [
                     {
                         "version": config.version,
-                        "resources": [_discovered(config, p) for p in config.parents],
+                        "resources": [
+                            *(_discovered(config, p) for p in config.parents),
+                            _sessions(config),
+                        ],
                         "freshness": "Current",
                     }
                 ],
@@ -167,9 +181,23 @@ def _discovered(config: Config, parent: ParentSpec) -> dict[str, Any]:
         "singularResource": parent.singular,
         "verbs": [],
         "subresources": [
-            {"subresource": sub, "responseKind": kind, "verbs": _verbs(sub)}
+            {
+                "subresource": sub,
+                "responseKind": {**kind, "kind": KINDS.get(sub, parent.kind)},
+                "verbs": _verbs(sub),
+            }
             for sub in served(parent)
         ],
+    }
+
+
+def _sessions(config: Config) -> dict[str, Any]:
+    return {
+        "resource": "sessions",
+        "responseKind": {"group": config.group, "version": config.version, "kind": "Session"},
+        "scope": "Namespaced",
+        "singularResource": "session",
+        "verbs": ["list"],
     }
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "dial",
     "endpoint_url",
     "forward_url",
+    "lookup",
     "node_of",
     "resolve",
     "vet",
@@ -66,6 +67,11 @@ def resolve(state: State, request: web.Request, subresource: str) -> Target:
     target = Target(parent, spec, namespace, name, obj)
     _check(spec.requires, obj, target.describe())
     return target
+
+
+def lookup(state: State, request: web.Request, parent: ParentSpec) -> Mapping[str, Any]:
+    """The parent object the request names, from the cache (404 or 503 otherwise)."""
+    return _cached(state, parent, request.match_info["namespace"], request.match_info["name"])
 
 
 def _cached(state: State, parent: ParentSpec, namespace: str, name: str) -> Mapping[str, Any]:

@@ -58,7 +58,11 @@ async def test_resource_list_names_every_subresource(http: Client) -> None:
         "machines/vnc": ["get"],
         "machines/screenshot": ["get"],
         "machines/portforward": ["create", "get"],
+        "machines/sessions": ["get"],
+        "sessions": ["list"],
     }
+    kinds = {res["name"]: res["kind"] for res in body["resources"]}
+    assert (kinds["machines/sessions"], kinds["sessions"]) == ("SessionList", "Session")
     assert all(res["namespaced"] for res in body["resources"])
 
 
@@ -76,7 +80,8 @@ async def test_aggregated_discovery_etag_and_304(http: Client) -> None:
     (group,) = doc["items"]
     assert group["metadata"]["name"] == GROUP
     (version,) = group["versions"]
-    (resource,) = version["resources"]
+    resource, sessions = version["resources"]
+    assert (sessions["resource"], sessions["verbs"]) == ("sessions", ["list"])
     assert resource["resource"] == "machines" and resource["scope"] == "Namespaced"
     assert resource["singularResource"] == "machine" and "verbs" in resource
     assert {sub["subresource"] for sub in resource["subresources"]} == {
@@ -85,6 +90,7 @@ async def test_aggregated_discovery_etag_and_304(http: Client) -> None:
         "vnc",
         "screenshot",
         "portforward",
+        "sessions",
     }
     async with s.get("/apis", headers={"Accept": accept, "If-None-Match": etag}) as r:
         assert r.status == 304
