@@ -201,12 +201,14 @@ class Standalone:
             path = f"/apis/{cfg.group}/{cfg.version}/namespaces/default/{path}"
         return f"{scheme}://127.0.0.1:{self.server.port}{path}"
 
-    def websocket(self, url: str, *protocols: str, close_timeout: float = 10) -> connect:
-        """A `websockets` client of `url` as the test user, offering `protocols`, no compression."""
+    def websocket(
+        self, url: str, *protocols: str, close_timeout: float = 10, user: str = "alice"
+    ) -> connect:
+        """A `websockets` client of `url` as `user`, offering `protocols`, no compression."""
         return connect(
             url,
             ssl=self.client_ssl,
-            additional_headers=self.auth,
+            additional_headers=self.auth_as(user),
             subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
             compression=None,
             max_size=None,

@@ -78,14 +78,8 @@ def join(
     subres: Standalone, sub: str, dialect: str | None, *, user: str = "alice", query: str = ""
 ) -> connect:
     """Open `sub` ("console" or "console-observe") of vm1 as `user`."""
-    return connect(
-        subres.url("vm1", sub) + query,
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth_as(user),
-        subprotocols=[websockets.Subprotocol(dialect)] if dialect else None,
-        compression=None,
-        max_size=None,
-        open_timeout=5,
+    return subres.websocket(
+        subres.url("vm1", sub) + query, *([dialect] if dialect else []), user=user
     )
 
 
@@ -213,12 +207,7 @@ async def test_observing_checks_the_machine_before_upgrading(subres: Standalone)
             pass
     assert refused.value.response.status_code == 400
     with pytest.raises(websockets.InvalidStatus) as stopped:
-        async with connect(
-            subres.url("stopped", "console-observe"),
-            ssl=subres.client_ssl,
-            additional_headers=subres.auth,
-            open_timeout=5,
-        ):
+        async with subres.websocket(subres.url("stopped", "console-observe")):
             pass
     assert stopped.value.response.status_code == 409
 

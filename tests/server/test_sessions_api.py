@@ -10,8 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-import websockets
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 
 from subres.server import sessionlist
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone, wait_for
@@ -31,13 +30,7 @@ async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
 async def attached(
     subres: Standalone, name: str, sub: str, user: str
 ) -> AsyncIterator[ClientConnection]:
-    async with connect(
-        subres.url(name, sub),
-        ssl=subres.client_ssl,
-        additional_headers=subres.auth_as(user),
-        subprotocols=[websockets.Subprotocol("v5.channel.k8s.io")],
-        open_timeout=5,
-    ) as ws:
+    async with subres.websocket(subres.url(name, sub), "v5.channel.k8s.io", user=user) as ws:
         await asyncio.wait_for(ws.recv(), 5)  # the hello: the session is registered
         yield ws
 
