@@ -1,9 +1,9 @@
 """A small fake kube-apiserver on 127.0.0.1 over HTTPS, for cluster-mode tests.
 
-Answers list and watch of Machines, the authentication ConfigMap, TokenReview
-and SubjectAccessReview with the real JSON shapes, and Leases as
-kube-apiserver keeps them (create, conditional replace and delete, list and
-watch by label), and counts every call. Tests steer it: add, change and
+Answers list and watch of Machines, the authentication ConfigMap, TokenReview,
+SubjectAccessReview and Event creation with the real JSON shapes, and Leases
+as kube-apiserver keeps them (create, conditional replace and delete, list
+and watch by label), and counts every call. Tests steer it: add, change and
 delete objects, expire resource versions (410 Gone), send bookmarks, fail
 calls, hold TokenReviews at a gate.
 """
@@ -33,6 +33,7 @@ CONFIGMAP = f"{CONFIGMAPS}/extension-apiserver-authentication"
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 SARS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+EVENTS = "/api/v1/namespaces/{namespace}/events"
 
 Json = dict[str, Any]
 
@@ -74,6 +75,10 @@ class FakeApiServer:
     allow: Callable[[Json], bool] = lambda spec: False
     sar_error: bool = False
     sar_specs: list[Json] = field(default_factory=list)
+    events: list[Json] = field(default_factory=list)
+    """Events created, in order, with the namespace of their URL in `metadata`."""
+    event_error: int = 0
+    """Answer Event creations with this status instead."""
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     port: int = 0
     ca: Path = Path()
@@ -179,6 +184,7 @@ class FakeApiServer:
         app.router.add_get(LEASES + "/{name}", self._read_lease)
         app.router.add_put(LEASES + "/{name}", self._replace_lease)
         app.router.add_delete(LEASES + "/{name}", self._delete_lease)
+        app.router.add_post(EVENTS, self._event)
         return app
 
     async def _collection(self, request: web.Request, *, coll: Collection) -> Any:
@@ -326,6 +332,17 @@ class FakeApiServer:
         allowed = self.allow(review["spec"])
         status = {"allowed": allowed} | ({} if allowed else {"reason": "no RBAC policy matched"})
         return web.json_response(review | {"status": status}, status=201)
+
+    async def _event(self, request: web.Request) -> web.Response:
+        event = await request.json()
+        await self._count("event")
+        if self.event_error:
+            return _status(self.event_error, "events is forbidden", "Forbidden")
+        event["metadata"]["namespace"] = request.match_info["namespace"]
+        async with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
+        return web.json_response(event, status=201)
 
 
 def _selected(request: web.Request, obj: Json) -> bool:

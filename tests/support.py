@@ -242,6 +242,12 @@ class Standalone:
         """The Authorization header of the test user."""
         return {"Authorization": f"Bearer {self.token}"}
 
+    def audit_lines(self) -> list[dict[str, Any]]:
+        """The session audit lines written so far, parsed."""
+        path = self.dir / "audit.jsonl"
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text.splitlines()]
+
     def auth_as(self, user: str) -> dict[str, str]:
         """The Authorization header of `user`: alice (the test user) or one of `OTHER_USERS`."""
         token = self.token if user == "alice" else self.tokens[user]
@@ -326,6 +332,7 @@ async def start_standalone(
         service_namespace="subres-system",
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
         shutdown_grace=1.0,
+        session_audit_log=str(tmp / "audit.jsonl"),
     )
     server = complete(dataclasses.replace(flags, **(options or {})))
     await server.start()

@@ -3,8 +3,8 @@
 Owns the one place `kubernetes_asyncio` is used: building an `ApiClient` from
 a kubeconfig file or the in-cluster ServiceAccount, and every request subres
 sends (list and watch of custom objects, ConfigMaps and Leases, reading a
-Secret, TokenReview, SubjectAccessReview, and the Lease writes of session
-coordination). The library is untyped; everything leaving this module is
+Secret, TokenReview, SubjectAccessReview, the Lease writes of session
+coordination, and Events). The library is untyped; everything leaving this module is
 plain JSON (`dict`), an `ApiError`, or a stream of `WatchEvent`s.
 
 Responses are read raw (`_preload_content=False`) so that status codes,
@@ -183,6 +183,14 @@ class Api:
         api: Any = k8s.AuthenticationV1Api(self._client)
         return await _json(
             api.create_token_review(body, _preload_content=False, _request_timeout=request_timeout)
+        )
+
+    async def create_event(self, namespace: str, body: JSON, *, request_timeout: float) -> JSON:
+        """POST a core/v1 Event in `namespace`; the Event created."""
+        return await _json(
+            self._core().create_namespaced_event(
+                namespace, body, _preload_content=False, _request_timeout=request_timeout
+            )
         )
 
     async def create_subject_access_review(self, body: JSON, *, request_timeout: float) -> JSON:

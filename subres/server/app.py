@@ -113,9 +113,13 @@ def build(state: State) -> web.Application:
         # Live sessions were ended before this (`run.Server.stop`); their SSH connections go.
         await state.ssh.close()
 
+    async def on_cleanup(_: web.Application) -> None:
+        await state.events.close()
+
     app.on_shutdown.append(on_shutdown)
     # Every answer, errors and upgrades included, as its headers go out.
     app.on_response_prepare.append(state.metrics.answered)
+    app.on_cleanup.append(on_cleanup)
     return app
 
 

@@ -61,6 +61,11 @@ class Cluster:
     """Where each node's agent is (None when no agent certificate is configured)."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
+    @property
+    def main(self) -> client.Api:
+        """The client of the main apiserver (parents, Events)."""
+        return self.apis[0]
+
     async def start(self) -> None:
         """Start the informers and the session Leases' watch."""
         self._tasks = [asyncio.create_task(i.run(), name=i.name) for i in self.informers]

@@ -91,6 +91,8 @@ class Options:
     """Cluster mode: label selector of the agent pods in the service namespace."""
     agent_port_name: str = "relay"
     """Cluster mode: name of the agent container's relay port."""
+    session_audit_log: str = "-"
+    """Where session audit lines go: "-" stdout, "" nowhere, else a file."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -141,6 +143,7 @@ class Options:
             or f"{certs.AGENT_SERVICE}.{ns.service_namespace}.svc",
             agent_selector=ns.agent_selector,
             agent_port_name=ns.agent_port_name,
+            session_audit_log=ns.session_audit_log,
         )
 
     def validate(self) -> list[str]:
@@ -249,6 +252,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="/healthz,/readyz,/livez,/ui,/ui/*",
         help="comma-separated paths anyone may GET (a trailing * matches a prefix); "
         "the browser page under /ui holds no secrets",
+    )
+    add(
+        "--session-audit-log",
+        default="-",
+        metavar="PATH",
+        help='one JSON line per session start and end: "-" for stdout (the default), '
+        "a file to append to, or an empty string for none",
     )
     _add_cluster_arguments(parser)
     _add_agent_arguments(parser)

@@ -40,7 +40,10 @@ from subres.kube.informer import InformerSettings
 from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import certs, cluster
+from subres.server import audit, certs, cluster
+from subres.server.audit import SessionAudit
+from subres.server.events import KubeEvents
+from subres.server.metrics import Metrics
 from subres.server.options import Options
 from subres.server.state import State
 from subres.server.tls import ReloadingTLS
@@ -203,6 +206,7 @@ def complete(options: Options) -> Server:
         tls_ready=tls.ready,
         secrets=CachedSecrets(secrets),
         agents=_agents(options, StaticDirectory(dict(options.agents))),
+        audit=SessionAudit(audit.open_log(options.session_audit_log)),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 
@@ -221,6 +225,7 @@ async def complete_cluster(
     # The CA files the ConfigMap names must exist before the TLS context reads them.
     await asyncio.to_thread(parts.auth.reload_if_changed)
     tls = ReloadingTLS(cert=cert, key=key, client_ca=parts.auth.ca_paths, empty_client_ca_ok=True)
+    metrics = Metrics()
     state = State(
         config=config,
         caches=parts.caches,
@@ -228,9 +233,12 @@ async def complete_cluster(
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
         readiness=_readiness(parts),
-        secrets=ApiSecrets(parts.apis[0]),
+        secrets=ApiSecrets(parts.main),
         sessions=Sessions(shared=parts.leases),
         agents=_agents(options, parts.agents or StaticDirectory({})),
+        metrics=metrics,
+        audit=SessionAudit(audit.open_log(options.session_audit_log)),
+        events=KubeEvents(parts.main, metrics=metrics),
     )
     state.metrics.watch_caches(
         {

@@ -36,13 +36,14 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from subres.kube.status import StatusError
+from subres.server import events
 from subres.server.middleware import USER
 from subres.server.state import State
 from subres.server.subresource import Target
@@ -91,6 +92,10 @@ class Record:
     client: str
     """The client's address as this server sees it (kube-apiserver's, behind it)."""
     request_id: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This session's own name, unique and safe to show (request ids come from clients)."""
+    recorded: bool = False
+    """The console session is being recorded."""
     started: float = field(default_factory=time.time)
     traffic: Traffic = field(default_factory=Traffic)
     outcome: Outcome | None = None
@@ -119,6 +124,7 @@ class Record:
             "groups": list(self.groups),
             "client": self.client,
             "requestID": self.request_id,
+            "session": self.id,
             "start": self.started,
             "end": self.ended,
             "bytesUp": self.traffic.up,
@@ -143,6 +149,7 @@ class Live:
         *,
         claim: Claim | None,
         transport: asyncio.BaseTransport | None,
+        parent: Mapping[str, Any],
         backend: object = None,
     ) -> None:
         self.state = state
@@ -150,6 +157,8 @@ class Live:
         self.client = client
         self.claim = claim
         self.transport = transport
+        self.parent = parent
+        """The parent object as it was when the session started (Events name it)."""
         self.backend = backend
 
     async def __aenter__(self) -> Live:
@@ -158,7 +167,15 @@ class Live:
         attached = getattr(self.backend, "attached", None)
         if callable(attached):
             attached(self._close_later)
+        fields = self.record.fields()
+        self.state.audit.started(fields)
+        self._event(events.opened(fields))
         return self
+
+    def _event(self, event: tuple[str, str] | None) -> None:
+        if event is not None:
+            reason, message = event
+            self.state.events.emit(self.parent, reason=reason, message=message)
 
     def _close_later(self, code: int, reason: str) -> None:
         self.state.sessions.close_later(self, code, reason)
@@ -167,6 +184,9 @@ class Live:
         self.state.sessions.end(self.claim, self)
         _finish(self.record, self.client)
         _report(self.state, self.record)
+        fields = self.record.fields()
+        self.state.audit.ended(fields)
+        self._event(events.closed(fields))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the client side (a takeover, a shutdown), remembering the code and reason."""
@@ -288,7 +308,15 @@ def live(
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
     )
-    return Live(state, record, client, claim=claim, transport=request.transport, backend=backend)
+    return Live(
+        state,
+        record,
+        client,
+        claim=claim,
+        transport=request.transport,
+        parent=target.obj,
+        backend=backend,
+    )
 
 
 def _report(state: State, record: Record) -> None:

@@ -23,8 +23,9 @@ from subres.kube.status import StatusError
 from subres.server import subresource
 from subres.server.session import Live, Record
 from subres.server.state import State
+from subres.server.units import human_age, human_bytes, rfc3339
 
-__all__ = ["COLUMNS", "for_machine", "for_namespace", "human_age", "human_bytes", "item"]
+__all__ = ["COLUMNS", "for_machine", "for_namespace", "item"]
 
 TABLE = "as=Table"
 COLUMNS = (
@@ -153,36 +154,3 @@ def _table(items: list[dict[str, Any]], records: list[Record], *, now: float) ->
         "columnDefinitions": columns,
         "rows": rows,
     }
-
-
-def rfc3339(seconds: float) -> str:
-    """`2024-05-01T10:02:03Z`."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def human_bytes(size: int) -> str:
-    """`512 B`, `1.2 KiB`, `3.4 MiB`, `5.6 GiB`."""
-    amount = float(size)
-    for unit in ("B", "KiB", "MiB"):
-        if amount < 1024:
-            return f"{size} B" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    return f"{amount:.1f} GiB"
-
-
-def human_age(seconds: float) -> str:
-    """An age as kubectl prints it: `45s`, `3m12s`, `25m`, `5h3m`, `20h`, `3d4h`, `12d`."""
-    s = max(0, int(seconds))
-    minutes, hours, days = s // 60, s // 3600, s // 86400
-    steps = (
-        (120, f"{s}s", 0, ""),
-        (600, f"{minutes}m", s % 60, "s"),
-        (3 * 3600, f"{minutes}m", 0, ""),
-        (8 * 3600, f"{hours}h", minutes % 60, "m"),
-        (48 * 3600, f"{hours}h", 0, ""),
-        (8 * 86400, f"{days}d", hours % 24, "h"),
-    )
-    for below, large, small, unit in steps:
-        if s < below:
-            return f"{large}{small}{unit}" if small else large
-    return f"{days}d"

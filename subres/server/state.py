@@ -20,6 +20,8 @@ from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.kube.secrets import NoSecrets, Secrets
 from subres.server import discovery, openapi
+from subres.server.audit import SessionAudit
+from subres.server.events import Events, NoEvents
 from subres.server.metrics import Metrics
 from subres.streams.sessions import Sessions
 
@@ -62,6 +64,10 @@ class State:
     metrics: Metrics = field(default_factory=Metrics)
     secrets: Secrets = field(default_factory=NoSecrets)
     """The Secrets parents name for SSH credentials (the apiserver, or the standalone file)."""
+    audit: SessionAudit = field(default_factory=lambda: SessionAudit(None))
+    """Where session start and end lines go (`--session-audit-log`)."""
+    events: Events = field(default_factory=NoEvents)
+    """Kubernetes Events on parent objects (cluster mode)."""
 
     def __post_init__(self) -> None:
         self.discovery = discovery.build(self.config)

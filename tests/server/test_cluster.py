@@ -62,6 +62,7 @@ def options(tmp: Path, fake: FakeApiServer, **changes: Any) -> Options:
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
         shutdown_grace=1.0,
         kubeconfig=fake.kubeconfig(),
+        session_audit_log=str(tmp / "audit.jsonl"),
     )
     return replace(base, **changes)
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from subres.server import sessionlist
+from subres.server import units
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone, wait_for
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -161,11 +161,11 @@ async def test_kubectl_get_sessions_prints_the_table(subres: Standalone, kubectl
     ],
 )
 def test_ages_read_as_kubectls(seconds: int, shown: str) -> None:
-    assert sessionlist.human_age(seconds) == shown
+    assert units.human_age(seconds) == shown
 
 
 def test_byte_counts_read_in_binary_units() -> None:
-    assert [sessionlist.human_bytes(n) for n in (512, 1536, 5 << 20, 3 << 30)] == [
+    assert [units.human_bytes(n) for n in (512, 1536, 5 << 20, 3 << 30)] == [
         "512 B",
         "1.5 KiB",
         "5.0 MiB",
