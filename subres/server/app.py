@@ -89,6 +89,7 @@ def build(state: State) -> web.Application:
         ("GET", f"{namespaced}/sessions", sessionlist.for_namespace),
         ("GET", f"/apis/{group}/{version}/sessions", sessionlist.for_namespace),
         ("GET", f"{sub}/vnc", vnc.handle),
+        ("GET", f"{sub}/vnc-observe", vnc.observe),
         ("GET", f"{sub}/screenshot", screenshot.handle),
         # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.
         ("GET", f"{sub}/vnc/screenshot", screenshot.handle),

@@ -26,7 +26,7 @@ VERBS = {
 }
 """WebSocket upgrades are GET, SPDY upgrades are POST; the others are GET only."""
 
-SHARES = {"console": "console-observe"}
+SHARES = {"console": "console-observe", "vnc": "vnc-observe"}
 """The read-only subresource beside each interactive one: RBAC grants it on its own."""
 KINDS = {"sessions": "SessionList"}
 """Subresources that answer an object of their own kind rather than a stream."""

@@ -1,9 +1,14 @@
-"""`…/{resource}/{name}/vnc`: the VNC server's raw byte stream over a WebSocket.
+"""`…/{resource}/{name}/vnc` and `…/vnc-observe`: the display, shared by its viewers.
 
-Validated, dialed and streamed exactly as the console is (`streaming`): one
-session per machine, a new one takes over, unless it asks
-`?preserveSession=true`, which is refused with 409 while another is live
-(in cluster mode: while a fresh session Lease is held, by any replica).
+Each viewer has its own connection to the VNC server, which shares the
+display among them (subres asks it to for every viewer: `streams.viewer`).
+`vnc` is the interactive viewer, validated, dialed and streamed as the
+console is (`streaming`): one per machine, a new one takes over, unless it
+asks `?preserveSession=true`, which is refused with 409 while another is
+live (in cluster mode: while a fresh session Lease is held, by any replica).
+`vnc-observe` is a view-only viewer: any number, its input dropped,
+authorized as its own subresource, untouched by takeovers and not counted by
+`preserveSession`.
 """
 
 from __future__ import annotations
@@ -12,15 +17,16 @@ from aiohttp import web
 
 from subres.server import session, streaming, subresource
 from subres.server.state import State
+from subres.streams.viewer import GuardedDisplay
 
-__all__ = ["SUBPROTOCOLS", "handle"]
+__all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
 SUBPROTOCOLS = ("", "plain.kubevirt.io", "binary")
 """Raw binary: no subprotocol, KubeVirt's, or noVNC's `binary`."""
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
-    """Check, negotiate, dial, then upgrade and stream; one VNC session per machine."""
+    """The interactive viewer: check, negotiate, dial, then upgrade and stream."""
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
@@ -35,7 +41,26 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
         target=target,
         ws=ws,
         dialect=dialect,
-        backend=backend,
+        backend=GuardedDisplay(backend, view_only=False),
         exclusive=True,
         preserve=preserve,
+        mode=session.VIEWER,
+    )
+
+
+async def observe(state: State, request: web.Request) -> web.StreamResponse:
+    """A view-only viewer: check, negotiate, dial, then upgrade and stream; input dropped."""
+    target = subresource.resolve(state, request, "vnc")
+    url = subresource.endpoint_url(target)
+    ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
+    backend = await subresource.connect(state, target, url)
+    return await streaming.serve(
+        state,
+        request,
+        target=target,
+        ws=ws,
+        dialect=dialect,
+        backend=GuardedDisplay(backend, view_only=True),
+        exclusive=False,
+        mode=session.OBSERVER,
     )
