@@ -22,6 +22,7 @@ __all__ = [
     "SUBRESOURCES",
     "Config",
     "ConfigError",
+    "ConsolesSpec",
     "EndpointPolicySpec",
     "InstanceSpec",
     "ParentSpec",
@@ -40,6 +41,10 @@ ANY_PORT = "any"
 """`ports: any`: the parent kind opts in to forwarding every port (KubeVirt restricts none)."""
 
 Scalar = str | int | float | bool
+
+
+OPT_IN = ("never", "annotated", "always")
+"""How a console opts in to being kept or recorded."""
 
 
 class ConfigError(ValueError):
@@ -105,6 +110,19 @@ class SubresourceSpec:
     """SSH login for `ssh://` endpoints (and for portforward, the jump host)."""
     node_local: bool = False
     """tcp (and udp) endpoints are on the parent's node: its agent dials them (unix always is)."""
+    keep: str = "annotated"
+    """console: keep its backend connection open while nobody is attached: `never`,
+    `always`, or `annotated` (when the parent carries `consoles.keepAnnotation: "true"`)."""
+    record: str = "annotated"
+    """console: record sessions (when `consoles.recordings.directory` is set): `never`,
+    `always`, or `annotated` (`consoles.recordAnnotation: "true"`)."""
+
+    def opted_in(self, mode: str, obj: Mapping[str, Any], annotation: str) -> bool:
+        """Whether `obj` opts in under `mode` (this spec's `keep` or `record`)."""
+        if mode != "annotated":
+            return mode == "always"
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        return isinstance(annotations, Mapping) and annotations.get(annotation) == "true"
 
 
 @dataclass(frozen=True)
@@ -186,6 +204,26 @@ class SessionSpec:
 
 
 @dataclass(frozen=True)
+class ConsolesSpec:
+    """Kept and recorded consoles: annotations, bounds and where recordings go."""
+
+    keep_annotation: str = "subres.dev/keep-console"
+    """Annotation that opts a parent in to a kept console (value "true")."""
+    record_annotation: str = "subres.dev/record-console"
+    """Annotation that opts a parent in to recorded console sessions (value "true")."""
+    scrollback: int = 64 * 1024
+    """Bytes of output a kept console keeps for whoever attaches next."""
+    max_kept: int = 1000
+    """Consoles one replica keeps at most; parents past it are not kept (and logged)."""
+    recordings: str = ""
+    """Directory recordings are written to; empty: nothing is recorded."""
+    max_recording_bytes: int = 64 << 20
+    """Size of one recording file before it goes on in a new one."""
+    max_recordings_bytes: int = 1 << 30
+    """Size of all recordings; the oldest files are deleted past it."""
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything the configuration file says."""
 
@@ -197,6 +235,7 @@ class Config:
     server_version: Mapping[str, str] = field(default_factory=dict)
     """Fields of the `…/{version}/version` document that replace subres's own (KubeVirt's
     clients compare `gitVersion` with theirs)."""
+    consoles: ConsolesSpec = ConsolesSpec()
 
     def parent(self, resource: str) -> ParentSpec | None:
         """The parent kind served under `resource`."""
@@ -248,7 +287,7 @@ def load(path: Path | None) -> Config:
 def parse(data: Any) -> Config:
     """A validated `Config` from the file's decoded YAML."""
     keys = {"group", "version", "parents", "endpointPolicy", "session", "serverVersion"}
-    doc = _mapping(data, "config", keys)
+    doc = _mapping(data, "config", keys | {"consoles"})
     default = Config()
     parents = doc.get("parents")
     cfg = Config(
@@ -260,6 +299,7 @@ def parse(data: Any) -> Config:
         policy=_policy(doc.get("endpointPolicy", {})),
         session=_session(doc.get("session", {})),
         server_version=_server_version(doc.get("serverVersion", {})),
+        consoles=_consoles(doc.get("consoles", {})),
     )
     for parent in cfg.parents:
         if parent.instance is not None and cfg.parent(parent.instance.resource) in (None, parent):
@@ -298,7 +338,11 @@ def _instance(data: Any, what: str) -> InstanceSpec:
 
 
 def _subresource(name: str, data: Any) -> SubresourceSpec:
-    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "ssh", "nodeLocal"})
+    keys = {"endpoint", "address", "ports", "require", "ssh", "nodeLocal", "keep", "record"}
+    doc = _mapping(data, name, keys)
+    for key in ("keep", "record"):
+        if key in doc and (name != "console" or doc[key] not in OPT_IN):
+            raise ConfigError(f"{name}.{key}: only console has it, one of {', '.join(OPT_IN)}")
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
@@ -316,6 +360,8 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         requires=_requirements(doc.get("require", {}), f"{name}.require"),
         ssh=_ssh(name, doc["ssh"]) if "ssh" in doc else None,
         node_local=node_local,
+        keep=doc.get("keep", "annotated"),
+        record=doc.get("record", "annotated"),
     )
 
 
@@ -462,6 +508,36 @@ def _session(data: Any) -> SessionSpec:
         ),
         observer_backlog=int(
             _positive(doc.get("observerBacklog", default.observer_backlog), "observerBacklog")
+        ),
+    )
+
+
+def _consoles(data: Any) -> ConsolesSpec:
+    keys = {"keepAnnotation", "recordAnnotation", "scrollback", "maxKept", "recordings"}
+    doc = _mapping(data, "consoles", keys)
+    files = _mapping(
+        doc.get("recordings", {}),
+        "consoles.recordings",
+        {"directory", "maxFileBytes", "maxTotalBytes"},
+    )
+    d = ConsolesSpec()
+
+    def size(value: Any, what: str) -> int:
+        return int(_positive(value, f"consoles.{what}"))
+
+    return ConsolesSpec(
+        keep_annotation=_str(doc.get("keepAnnotation", d.keep_annotation), "keepAnnotation"),
+        record_annotation=_str(
+            doc.get("recordAnnotation", d.record_annotation), "recordAnnotation"
+        ),
+        scrollback=size(doc.get("scrollback", d.scrollback), "scrollback"),
+        max_kept=size(doc.get("maxKept", d.max_kept), "maxKept"),
+        recordings=_str(files.get("directory", d.recordings), "recordings.directory"),
+        max_recording_bytes=size(
+            files.get("maxFileBytes", d.max_recording_bytes), "recordings.maxFileBytes"
+        ),
+        max_recordings_bytes=size(
+            files.get("maxTotalBytes", d.max_recordings_bytes), "recordings.maxTotalBytes"
         ),
     )
 

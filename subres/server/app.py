@@ -54,10 +54,14 @@ from subres.server import (
     vnc,
 )
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
+from subres.server.keeper import Keeper
 from subres.server.state import State
 from subres.web import page
 
-__all__ = ["build"]
+__all__ = ["KEEPER", "build"]
+
+KEEPER = web.AppKey("keeper", Keeper)
+"""The application's console keeper."""
 
 Handler = Callable[[State, web.Request], Awaitable[web.StreamResponse]]
 
@@ -110,13 +114,21 @@ def build(state: State) -> web.Application:
     )
     page.add_routes(app, settings)
 
+    keeper = app[KEEPER] = Keeper(state)
+
+    async def on_startup(_: web.Application) -> None:
+        await keeper.start()
+
     async def on_shutdown(_: web.Application) -> None:
-        # Live sessions were ended before this (`run.Server.stop`); their SSH connections go.
+        # Live sessions were ended before this (`run.Server.stop`); then the kept consoles
+        # and the SSH connections go.
+        await keeper.stop()
         await state.ssh.close()
 
     async def on_cleanup(_: web.Application) -> None:
         await state.events.close()
 
+    app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     # Every answer, errors and upgrades included, as its headers go out.
     app.on_response_prepare.append(state.metrics.answered)

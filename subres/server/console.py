@@ -80,7 +80,7 @@ async def _backend(
 ) -> ByteStream:
     if mode == session.OBSERVER:
         return sharing.observe(state, target, tail=tail)
-    return await sharing.write(state, target, url)
+    return await sharing.write(state, target, url, tail=tail)
 
 
 def _tail(request: web.Request) -> int | None:

@@ -26,6 +26,7 @@ from subres.server.state import State
 __all__ = [
     "Route",
     "Target",
+    "checked",
     "connect",
     "dial",
     "endpoint_url",
@@ -54,12 +55,17 @@ class Target:
 
 def resolve(state: State, request: web.Request, subresource: str) -> Target:
     """The parent the request names, checked for `subresource`."""
-    namespace = request.match_info["namespace"]
-    name = request.match_info["name"]
     parent = state.config.parent(request.match_info["resource"])
     spec = parent.subresources.get(subresource) if parent else None
     if parent is None or spec is None:
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
+    return checked(state, parent, spec, request.match_info["namespace"], request.match_info["name"])
+
+
+def checked(
+    state: State, parent: ParentSpec, spec: SubresourceSpec, namespace: str, name: str
+) -> Target:
+    """The cached parent `namespace/name`, checked for `spec` (a Status error otherwise)."""
     obj = _cached(state, parent, namespace, name)
     if parent.instance is not None:
         _check(parent.instance.requires, obj, f"{parent.kind} {namespace}/{name}")

@@ -2,12 +2,14 @@
 
 A console's output comes from one source at a time: the writer's own backend
 connection, read through a `Tee`, or a kept connection whose reader calls
-`Hub.publish`. Each observer reads a `Feed`: the output since it attached,
+`Hub.deliver`. Each observer reads a `Feed`: the output since it attached,
 queued up to a bound. An observer that falls further behind than that is cut
 off and told why, so that it can neither slow the writer nor grow the
 server's memory. What an observer sends is dropped. Besides observers, a hub
 hands every chunk and resize to its `Sink`s (a recording) and keeps a bounded
-`Scrollback` when the console is kept.
+`Scrollback` when the console is kept. A kept console's writer reads its own
+feed, which holds the kept connection back while the writer is slow, and
+writes through a `KeptPort`.
 
 The pump joins each client to a `ByteStream`; a `Tee` and a `Feed` are byte
 streams, so observers and writers run through the same pump in every dialect.
@@ -26,7 +28,7 @@ from subres.protocol.channels import TerminalSize
 from subres.streams.scrollback import Scrollback
 from subres.streams.websocket import CloseCode
 
-__all__ = ["FEED_LIMIT", "Closer", "Feed", "Hub", "Sink", "Tee"]
+__all__ = ["FEED_LIMIT", "Closer", "Feed", "Hub", "Kept", "KeptPort", "Sink", "Tee"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,18 @@ class Sink(Protocol):
 
     def marker(self, text: str) -> None:
         """Something happened worth a note: who attached, who took over."""
+
+
+class Kept(Protocol):
+    """The keeper of a console: its connection while it has one."""
+
+    @property
+    def backend(self) -> ByteStream | None:
+        """The kept connection, or None while it is being dialed again."""
+
+    @property
+    def status(self) -> str:
+        """Why there is no connection, in words."""
 
 
 Closer = Callable[[int, str], None]
@@ -220,6 +234,72 @@ class Tee:
         await self._backend.close()
 
 
+class KeptPort:
+    """A kept console as its writer's backend: output from the writer's feed, input to the keeper.
+
+    The writer's feed replaces the previous writer's once the session is
+    live (after the takeover), so a writer whose upgrade fails takes nothing
+    from the one it would have replaced. The writer's end of input (a v5
+    stdin close) reaches the kept connection too: the writer meant it, and
+    the keeper dials again once the console ends. The connection itself is
+    closed only by the keeper.
+    """
+
+    __slots__ = ("_feed", "_hub", "_keeper", "_tail")
+
+    def __init__(self, hub: Hub, keeper: Kept, *, tail: int | None) -> None:
+        self._hub = hub
+        self._keeper = keeper
+        self._tail = tail
+        self._feed: Feed | None = None
+
+    def _writer_feed(self) -> Feed:
+        if self._feed is None:
+            self._feed = self._hub.attach_writer(tail=self._tail)
+        return self._feed
+
+    def _backend(self) -> ByteStream:
+        backend = self._keeper.backend
+        if backend is None:
+            raise ConnectionResetError("the kept console connection is being dialed again")
+        return backend
+
+    @property
+    def exit_code(self) -> int | None:
+        """The kept connection's exit status, when it has one."""
+        code = getattr(self._keeper.backend, "exit_code", None)
+        return code if isinstance(code, int) else None
+
+    def resize(self, size: TerminalSize) -> None:
+        """Pass a window size on to a kept connection that takes one; the hub records it."""
+        resize = getattr(self._keeper.backend, "resize", None)
+        if callable(resize):
+            resize(size)
+        if self._feed is not None and self._hub.writer is self._feed:
+            self._hub.resized(size)
+
+    def attached(self, closer: Closer) -> None:
+        """The writer's session is live: it becomes the console's writer."""
+        self._writer_feed().attached(closer)
+
+    async def read(self) -> bytes:
+        """The console's next output, for this writer."""
+        return await self._writer_feed().read()
+
+    async def write(self, data: bytes) -> None:
+        """To the kept connection."""
+        await self._backend().write(data)
+
+    async def write_eof(self) -> None:
+        """Half-close the kept connection."""
+        await self._backend().write_eof()
+
+    async def close(self) -> None:
+        """Detach; the kept connection stays."""
+        if self._feed is not None:
+            await self._feed.close()
+
+
 class Hub:
     """The observers, sinks and scrollback of one console.
 
@@ -236,10 +316,13 @@ class Hub:
     ) -> None:
         self.source: object | None = None
         """Whatever currently produces the output (a `Tee`, a keeper); None between writers."""
+        self.keeper: Kept | None = None
+        """Who keeps this console's connection open, when somebody does."""
+        self.writer: Feed | None = None
+        """A kept console's writer's feed."""
         self.feeds: set[Feed] = set()
         self.sinks: list[Sink] = []
         self.scrollback = scrollback
-        self.kept = scrollback is not None
         self.size: TerminalSize | None = None
         """The writer's last window size."""
         self._feed_limit = feed_limit
@@ -248,21 +331,50 @@ class Hub:
     @property
     def idle(self) -> bool:
         """Nothing to serve: no source, no feed, not kept."""
-        return self.source is None and not self.feeds and not self.kept and not self.sinks
+        return (
+            self.source is None
+            and self.keeper is None
+            and self.writer is None
+            and not self.feeds
+            and not self.sinks
+        )
+
+    def keep(self, keeper: Kept, scrollback: Scrollback) -> None:
+        """From now on `keeper` holds the connection and the output is kept."""
+        self.keeper = keeper
+        self.scrollback = scrollback
+
+    def unkeep(self, keeper: Kept) -> None:
+        """`keeper` no longer keeps the connection."""
+        if self.keeper is keeper:
+            self.keeper = None
+            self.scrollback = None
+            self._check_idle()
 
     def attach(self, *, tail: int | None = None) -> Feed:
         """A new observer's feed, starting with the scrollback (its last `tail` lines)."""
+        feed = self._feed(tail)
+        self.feeds.add(feed)
+        return feed
+
+    def attach_writer(self, *, tail: int | None = None) -> Feed:
+        """A kept console's new writer's feed (a previous writer is being taken over)."""
+        self.writer = self._feed(tail)
+        return self.writer
+
+    def _feed(self, tail: int | None) -> Feed:
         feed = Feed(self, limit=self._feed_limit)
         if self.scrollback is not None:
             replay = self.scrollback.tail(tail)
             if replay:
                 feed.offer(replay)
-        self.feeds.add(feed)
         return feed
 
     def detach(self, feed: Feed) -> None:
-        """An observer left."""
+        """A client left."""
         self.feeds.discard(feed)
+        if self.writer is feed:
+            self.writer = None
         self._check_idle()
 
     def release(self, source: object) -> None:
@@ -280,6 +392,13 @@ class Hub:
         for feed in list(self.feeds):
             feed.offer(chunk)
 
+    async def deliver(self, chunk: bytes) -> None:
+        """A kept connection's output: published, then queued for the writer (who may wait)."""
+        self.publish(chunk)
+        writer = self.writer
+        if writer is not None:
+            await writer.put(chunk)
+
     def resized(self, size: TerminalSize) -> None:
         """The writer's window changed size."""
         self.size = size
@@ -293,7 +412,7 @@ class Hub:
 
     def end(self) -> None:
         """The console's output ended (its backend closed): every feed ends."""
-        for feed in list(self.feeds):
+        for feed in [*self.feeds, *([self.writer] if self.writer else [])]:
             feed.end()
 
     def _check_idle(self) -> None:
