@@ -49,6 +49,7 @@ from subres.server import (
     health,
     middleware,
     portforward,
+    recordinglist,
     screenshot,
     sessionlist,
     vnc,
@@ -90,6 +91,8 @@ def build(state: State) -> web.Application:
         ("GET", f"{sub}/console-observe", console.observe),
         ("POST", f"{sub}/console-observe", console.observe),
         ("GET", f"{sub}/sessions", sessionlist.for_machine),
+        ("GET", f"{sub}/recordings", recordinglist.listing),
+        ("GET", f"{sub}/recordings/{{file}}", recordinglist.one),
         ("GET", f"{namespaced}/sessions", sessionlist.for_namespace),
         ("GET", f"/apis/{group}/{version}/sessions", sessionlist.for_namespace),
         ("GET", f"{sub}/vnc", vnc.handle),
@@ -126,6 +129,7 @@ def build(state: State) -> web.Application:
         await state.ssh.close()
 
     async def on_cleanup(_: web.Application) -> None:
+        await state.recordings.stop()
         await state.events.close()
 
     app.on_startup.append(on_startup)

@@ -28,7 +28,7 @@ VERBS = {
 
 SHARES = {"console": "console-observe", "vnc": "vnc-observe"}
 """The read-only subresource beside each interactive one: RBAC grants it on its own."""
-KINDS = {"sessions": "SessionList"}
+KINDS = {"sessions": "SessionList", "recordings": "RecordingList"}
 """Subresources that answer an object of their own kind rather than a stream."""
 
 AGGREGATED_TYPES = {
@@ -117,6 +117,8 @@ def served(parent: ParentSpec) -> list[str]:
         names.append(sub)
         if sub in SHARES:
             names.append(SHARES[sub])
+    if "console" in parent.subresources:
+        names.append("recordings")
     return [*names, "sessions"]
 
 

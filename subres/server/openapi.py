@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from subres.config import Config
-from subres.server.discovery import VERBS, served
+from subres.server.discovery import KINDS, VERBS, served
 
 __all__ = ["Specs", "build"]
 
@@ -112,18 +112,20 @@ def _operation(config: Config, kind: str, sub: str, verb: str, v3: bool) -> dict
     return op
 
 
-def _read(config: Config, *, operation: str, what: str, v3: bool) -> dict[str, Any]:
-    """A GET answering a `SessionList`."""
+def _read(
+    config: Config, *, operation: str, what: str, v3: bool, kind: str = "SessionList"
+) -> dict[str, Any]:
+    """A GET answering a list (`SessionList`, `RecordingList`)."""
     op: dict[str, Any] = {
         "description": what,
         "operationId": operation,
         "tags": [config.group],
         "responses": {
-            "200": _ok(_ref(config, "SessionList", v3), ["application/json"], v3),
+            "200": _ok(_ref(config, kind, v3), ["application/json"], v3),
             "401": {"description": "Unauthorized"},
         },
         "x-kubernetes-action": "list",
-        "x-kubernetes-group-version-kind": _gvk(config, "Session"),
+        "x-kubernetes-group-version-kind": _gvk(config, kind.removesuffix("List")),
     }
     if not v3:
         op["produces"] = ["application/json"]
@@ -134,11 +136,11 @@ def _read(config: Config, *, operation: str, what: str, v3: bool) -> dict[str, A
 def _paths(config: Config, v3: bool) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for path, (kind, sub, _) in _operations(config).items():
-        if sub == "sessions":
-            what = f"list the live sessions of a {kind}"
-            operation = f"readNamespaced{kind}Sessions"
+        if sub in KINDS:
+            what = f"list the {sub} of a {kind}"
+            operation = f"readNamespaced{kind}{_camel(sub)}"
             paths[path] = {
-                "get": _read(config, operation=operation, what=what, v3=v3),
+                "get": _read(config, operation=operation, what=what, v3=v3, kind=KINDS[sub]),
                 "parameters": _params(v3),
             }
             continue
@@ -209,7 +211,35 @@ def _schemas(config: Config, v3: bool) -> dict[str, Any]:
         },
         "x-kubernetes-group-version-kind": [_gvk(config, "SessionList")],
     }
-    return {_definition(config, "Session"): session, _definition(config, "SessionList"): listing}
+    recording = {
+        "description": "A recorded console session (asciicast v2), read at …/recordings/NAME.",
+        "type": "object",
+        "properties": {
+            "name": text,
+            "size": count,
+            "started": {**text, "format": "date-time"},
+            "modified": {**text, "format": "date-time"},
+            "title": text,
+        },
+    }
+    recordings = {
+        "description": "A machine's recorded console sessions, newest first.",
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "apiVersion": text,
+            "kind": text,
+            "metadata": {"type": "object"},
+            "items": {"type": "array", "items": _ref(config, "Recording", v3)},
+        },
+        "x-kubernetes-group-version-kind": [_gvk(config, "RecordingList")],
+    }
+    return {
+        _definition(config, "Session"): session,
+        _definition(config, "SessionList"): listing,
+        _definition(config, "Recording"): recording,
+        _definition(config, "RecordingList"): recordings,
+    }
 
 
 def _swagger(config: Config) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from subres.kube.status import StatusError
-from subres.server import events
+from subres.server import events, recordings
 from subres.server.middleware import USER
 from subres.server.state import State
 from subres.server.subresource import Target
@@ -149,7 +149,7 @@ class Live:
         *,
         claim: Claim | None,
         transport: asyncio.BaseTransport | None,
-        parent: Mapping[str, Any],
+        target: Target,
         backend: object = None,
     ) -> None:
         self.state = state
@@ -157,9 +157,14 @@ class Live:
         self.client = client
         self.claim = claim
         self.transport = transport
-        self.parent = parent
-        """The parent object as it was when the session started (Events name it)."""
+        self.target = target
+        """The parent as it was when the session started (Events name it)."""
         self.backend = backend
+
+    @property
+    def parent(self) -> Mapping[str, Any]:
+        """The parent object."""
+        return self.target.obj
 
     async def __aenter__(self) -> Live:
         self.state.sessions.start(self.claim, self)
@@ -167,10 +172,29 @@ class Live:
         attached = getattr(self.backend, "attached", None)
         if callable(attached):
             attached(self._close_later)
+        self._record_console()
         fields = self.record.fields()
         self.state.audit.started(fields)
         self._event(events.opened(fields))
         return self
+
+    def _record_console(self) -> None:
+        """Join the console's recording when it is recorded, and tell the client so."""
+        target = self.target
+        hub = self.state.sessions.hubs.get(key(target))
+        if hub is None or not self.state.recordings.wanted(target.spec, target.obj):
+            return
+        self.state.recordings.joined(
+            hub,
+            namespace=target.namespace,
+            name=target.name,
+            title=f"{target.describe()} console",
+            who=f"{self.record.user} ({self.record.mode})",
+        )
+        self.record.recorded = True
+        announce = getattr(self.backend, "announce", None)
+        if callable(announce):
+            announce(recordings.BANNER)
 
     def _event(self, event: tuple[str, str] | None) -> None:
         if event is not None:
@@ -184,6 +208,10 @@ class Live:
         self.state.sessions.end(self.claim, self)
         _finish(self.record, self.client)
         _report(self.state, self.record)
+        if self.record.recorded:
+            hub = self.state.sessions.hubs.get(key(self.target))
+            if hub is not None:
+                self.state.recordings.left(hub, who=f"{self.record.user} ({self.record.mode})")
         fields = self.record.fields()
         self.state.audit.ended(fields)
         self._event(events.closed(fields))
@@ -314,7 +342,7 @@ def live(
         client,
         claim=claim,
         transport=request.transport,
-        parent=target.obj,
+        target=target,
         backend=backend,
     )
 

@@ -23,6 +23,7 @@ from subres.server import discovery, openapi
 from subres.server.audit import SessionAudit
 from subres.server.events import Events, NoEvents
 from subres.server.metrics import Metrics
+from subres.server.recordings import Recordings
 from subres.streams.sessions import Sessions
 
 __all__ = ["Authenticator", "Authorizer", "State"]
@@ -70,6 +71,8 @@ class State:
     """Kubernetes Events on parent objects (cluster mode)."""
 
     def __post_init__(self) -> None:
+        self.recordings = Recordings(self.config.consoles)
+        """Recorded console sessions (`consoles.recordings`)."""
         self.discovery = discovery.build(self.config)
         self.openapi = openapi.build(self.config)
         session = self.config.session

@@ -108,6 +108,12 @@ class Feed:
         if self._cut:
             closer(CloseCode.FELL_BEHIND, self._cut)
 
+    def announce(self, text: bytes) -> None:
+        """Put `text` before everything queued (a banner for this client alone)."""
+        self._chunks.appendleft(text)
+        self._size += len(text)
+        _wake(self._readable)
+
     def offer(self, chunk: bytes) -> None:
         """Queue `chunk` without waiting; past the limit, cut the feed off instead."""
         if self._ended:
@@ -185,12 +191,17 @@ class Tee:
     pass through to the backend when it has them (`backends.stream.Terminal`).
     """
 
-    __slots__ = ("_backend", "_hub", "_started")
+    __slots__ = ("_backend", "_banner", "_hub", "_started")
 
     def __init__(self, backend: ByteStream, hub: Hub) -> None:
         self._backend = backend
         self._hub = hub
         self._started = False
+        self._banner = b""
+
+    def announce(self, text: bytes) -> None:
+        """Hand `text` to this writer before the backend's output."""
+        self._banner = text
 
     @property
     def exit_code(self) -> int | None:
@@ -212,6 +223,9 @@ class Tee:
             # The pump reads only once the session is registered, after any takeover.
             self._started = True
             self._hub.source = self
+        if self._banner:
+            banner, self._banner = self._banner, b""
+            return banner
         chunk = await self._backend.read()
         if self._hub.source is self:
             if chunk:
@@ -282,6 +296,10 @@ class KeptPort:
         """The writer's session is live: it becomes the console's writer."""
         self._writer_feed().attached(closer)
 
+    def announce(self, text: bytes) -> None:
+        """Hand `text` to this writer before the console's output."""
+        self._writer_feed().announce(text)
+
     async def read(self) -> bytes:
         """The console's next output, for this writer."""
         return await self._writer_feed().read()
@@ -350,6 +368,15 @@ class Hub:
             self.keeper = None
             self.scrollback = None
             self._check_idle()
+
+    def add_sink(self, sink: Sink) -> None:
+        """`sink` takes the output from now on."""
+        self.sinks.append(sink)
+
+    def remove_sink(self, sink: Sink) -> None:
+        """`sink` is done."""
+        self.sinks.remove(sink)
+        self._check_idle()
 
     def attach(self, *, tail: int | None = None) -> Feed:
         """A new observer's feed, starting with the scrollback (its last `tail` lines)."""

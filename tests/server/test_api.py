@@ -60,6 +60,7 @@ async def test_resource_list_names_every_subresource(http: Client) -> None:
         "machines/screenshot": ["get"],
         "machines/portforward": ["create", "get"],
         "machines/sessions": ["get"],
+        "machines/recordings": ["get"],
         "sessions": ["list"],
     }
     kinds = {res["name"]: res["kind"] for res in body["resources"]}
@@ -92,6 +93,7 @@ async def test_aggregated_discovery_etag_and_304(http: Client) -> None:
         "vnc-observe",
         "screenshot",
         "portforward",
+        "recordings",
         "sessions",
     }
     async with s.get("/apis", headers={"Accept": accept, "If-None-Match": etag}) as r:
