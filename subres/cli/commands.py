@@ -155,6 +155,17 @@ def _console(parser: argparse.ArgumentParser) -> None:
         "is unavailable (e.g. 30s, 5m; default 0: no retry)",
     )
     _no_reconnect(parser)
+    parser.add_argument(
+        "--observe",
+        action="store_true",
+        help="watch read-only (console-observe): see what the writer sees; typing does nothing",
+    )
+    parser.add_argument(
+        "--tail",
+        type=int,
+        metavar="LINES",
+        help="of a kept console's scrollback, replay only the last LINES lines",
+    )
     _group_version(parser)
 
 
@@ -224,6 +235,42 @@ def _web(parser: argparse.ArgumentParser) -> None:
     _group_version(parser)
 
 
+def _sessions(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target", metavar=TARGET, nargs="?", help="one machine (default: the whole namespace)"
+    )
+    parser.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="the sessions of every namespace"
+    )
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="how to print them"
+    )
+    _group_version(parser)
+
+
+def _recordings(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar=TARGET, help="the machine whose recordings to read")
+    parser.add_argument("name", nargs="?", help="the recording to save (default: list them)")
+    parser.add_argument(
+        "-o", "--output", metavar="FILE", help="where to save it (default: its name; - for stdout)"
+    )
+    _group_version(parser)
+
+
+def _replay(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="an asciicast recording (- for stdin)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="play this many times faster (default 1)"
+    )
+    parser.add_argument(
+        "--idle-time-limit",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="shorten longer pauses to this (default 2)",
+    )
+
+
 VERBS = (
     Verb(
         "console",
@@ -261,6 +308,29 @@ VERBS = (
         "your kubeconfig's credentials, which the browser never sees.",
         _web,
         "subres.cli.web",
+    ),
+    Verb(
+        "sessions",
+        "list who holds which console and display, as kubectl get does",
+        "List the live sessions of a machine, of the namespace or of every namespace: "
+        "user, mode (writer, observer, viewer), client, bytes each way, age.",
+        _sessions,
+        "subres.cli.sessions",
+    ),
+    Verb(
+        "recordings",
+        "list a machine's recorded console sessions, or save one",
+        "List the recorded console sessions of a machine, or save one to a file "
+        "(play it with subres replay).",
+        _recordings,
+        "subres.cli.recordings",
+    ),
+    Verb(
+        "replay",
+        "play a recorded console session in the terminal",
+        "Play an asciicast v2 recording (from subres recordings) at its own pace.",
+        _replay,
+        "subres.cli.replay",
     ),
 )
 """The client verbs, in the order `subres --help` lists them."""

@@ -6,6 +6,8 @@ running), and the session: stdin up, stdout and stderr down, the terminal size
 on the resize channel, Ctrl+] to leave, and the exit code from how the server
 ended the session. When the server goes away (1001) or the connection is
 lost, it connects again by itself and says so (`subres.cli.reconnect`).
+`--observe` watches through `console-observe` instead: stdin only ever
+looks for Ctrl+].
 """
 
 from __future__ import annotations
@@ -58,19 +60,24 @@ async def _console(
     target = await api.resolve(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
-    address = api.object_url(config, target, group_version=group_version) + "/console"
+    sub = "console-observe" if ns.observe else "console"
+    query = f"?tail={ns.tail}" if ns.tail is not None else ""
+    address = api.object_url(config, target, group_version=group_version) + f"/{sub}{query}"
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
     fd = sys.stdin.fileno()
     interactive = os.isatty(fd)
     if interactive:
-        print(f"Connected to {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
+        how = "Observing (read-only)" if ns.observe else "Connected to"
+        print(f"{how} {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     pacing = reconnect.Pacing()
     with terminal.raw_mode(fd) if interactive else contextlib.nullcontext():
         while True:
             started = loop.time()
             try:
-                session = _Session(ws, _dialect(ws), fd=fd, interactive=interactive)
+                session = _Session(
+                    ws, _dialect(ws), fd=fd, interactive=interactive, observe=ns.observe
+                )
                 code = await session.run(may_reconnect=ns.reconnect)
             finally:
                 await ws.close()
@@ -201,11 +208,20 @@ class _Output:
 class _Session:
     """One connected console: pumps both ways and decides the exit code."""
 
-    def __init__(self, ws: ClientConnection, dialect: Dialect, *, fd: int, interactive: bool):
+    def __init__(
+        self,
+        ws: ClientConnection,
+        dialect: Dialect,
+        *,
+        fd: int,
+        interactive: bool,
+        observe: bool = False,
+    ) -> None:
         self._ws = ws
         self._dialect = dialect
         self._fd = fd
         self._interactive = interactive
+        self._observe = observe
         self._stdin = _Stdin(fd)
         self._stdout = _Output(sys.stdout.buffer)
         self._stderr = _Output(sys.stderr.buffer)
@@ -252,10 +268,11 @@ class _Session:
             while data := await self._stdin.read():
                 if self._interactive and ESCAPE in data:
                     before = data[: data.index(ESCAPE)]
-                    if before:
+                    if before and not self._observe:
                         await self._send(channels.STDIN, before)
                     return True
-                await self._send(channels.STDIN, data)
+                if not self._observe:
+                    await self._send(channels.STDIN, data)
             if self._dialect.close_signal:
                 await self._ws.send(bytes((channels.CLOSE_SIGNAL, channels.STDIN)))
         except ConnectionClosed:
