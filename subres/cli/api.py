@@ -229,7 +229,7 @@ async def get(
     target: Target | None = None,
     request_timeout: float = OPEN_TIMEOUT,
     accept: str | None = None,
-    sink: Callable[[bytes], None] | None = None,
+    sink: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> bytes:
     """The body of a GET of `url` with the kubeconfig's credentials (and `accept`).
 
@@ -255,7 +255,7 @@ async def get(
         ):
             if response.status == 200 and sink is not None:
                 async for chunk in response.content.iter_chunked(1 << 16):
-                    sink(chunk)
+                    await sink(chunk)
                 return b""
             body = bytearray()
             async for chunk in response.content.iter_chunked(1 << 16):

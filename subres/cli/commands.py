@@ -213,6 +213,12 @@ def _vnc(parser: argparse.ArgumentParser) -> None:
         help="viewer command, with {address} and {port} filled in "
         "(default: remote-viewer, else vncviewer)",
     )
+    parser.add_argument(
+        "--view-only",
+        action="store_true",
+        help="watch the display (vnc-observe): keys and pointer go nowhere; "
+        "whoever is viewing interactively stays",
+    )
     _group_version(parser)
 
 

@@ -72,7 +72,7 @@ class _Saved:
         self._output = output
         self._file: BinaryIO | None = None
 
-    def write(self, chunk: bytes) -> None:
+    async def write(self, chunk: bytes) -> None:
         if self._file is None:
             self._file = self._open()
         self._file.write(chunk)
