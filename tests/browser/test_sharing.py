@@ -48,9 +48,7 @@ async def subres(tmp_path: Path, vm: Machine, browser_ready: None) -> AsyncItera
     vm1["metadata"]["annotations"] = {"subres.dev/record-console": "true"}
     recordings = {"recordings": {"directory": str(tmp_path / "recordings")}}
     page = {"authorization_always_allow_paths": ("/readyz", "/ui", "/ui/*")}
-    async with start_standalone(
-        tmp_path, vm1, config={"consoles": recordings}, options=page
-    ) as s:
+    async with start_standalone(tmp_path, vm1, config={"consoles": recordings}, options=page) as s:
         yield s
     await console.stop()
 
