@@ -7,7 +7,8 @@ viewer. The first WebSocket opens before listening, so a refusal (machine
 stopped, no display) is an error at once rather than a viewer that cannot
 connect; each later local connection opens its own, taking the session over.
 `--view-only` relays to `vnc-observe` instead: the viewer watches, its input
-goes nowhere, and nobody is taken over. The relaying itself is the port-forward verb's (`portforward.bridge`).
+goes nowhere, and nobody is taken over. The relaying itself is the
+port-forward verb's (`portforward.bridge`).
 """
 
 from __future__ import annotations
