@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import yaml
 from cryptography import x509
 
+from subres import config as configfile
 from subres.main import main
 from subres.server.options import add_arguments
 
@@ -230,3 +232,66 @@ def test_certs_verb_names_the_kubevirt_profiles_apiservice(tmp_path: Path) -> No
     assert patch["metadata"]["name"] == "v1.subresources.kubevirt.io"
     profile = yaml.safe_load((DEPLOY.parent / "examples/kubevirt/apiservice.yaml").read_text())
     assert profile["metadata"]["name"] == patch["metadata"]["name"]
+
+
+def test_observing_is_granted_apart_from_typing_and_recordings_apart_from_both() -> None:
+    docs = documents()
+    rules = docs[("ClusterRole", "subres-machine-observer")]["rules"]
+    granted = {resource for rule in rules for resource in rule["resources"]}
+    assert granted == {
+        "machines/console-observe",
+        "machines/vnc-observe",
+        "machines/screenshot",
+        "machines/sessions",
+        "sessions",
+    }
+    assert "labels" not in docs[("ClusterRole", "subres-machine-observer")]["metadata"]
+    editors = docs[("ClusterRole", "subres-machine-user")]["rules"]
+    assert {"machines/console-observe", "machines/sessions", "sessions"} <= {
+        resource for rule in editors for resource in rule["resources"]
+    }
+    reader = docs[("ClusterRole", "subres-recording-reader")]
+    assert reader["rules"] == [
+        {
+            "apiGroups": ["subresources.subres.dev"],
+            "resources": ["machines/recordings"],
+            "verbs": ["get"],
+        }
+    ]
+    assert reader["metadata"]["labels"] == {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}
+    events = docs[("ClusterRole", "subres:session-events")]["rules"]
+    assert events == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    binding = docs[("ClusterRoleBinding", "subres:session-events")]
+    assert binding["subjects"][0]["name"] == "subres"
+
+
+def test_the_recordings_component_gives_the_replicas_a_shared_directory(
+    tmp_path: Path, kubectl_bin: Path
+) -> None:
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY / "base", copy / "base")
+    shutil.copytree(DEPLOY / "components", copy / "components")
+    (copy / "overlay").mkdir()
+    (copy / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../components/recordings]\n"
+    )
+    built = subprocess.run(
+        [str(kubectl_bin), "kustomize", str(copy / "overlay")],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built)}
+    claim = docs[("PersistentVolumeClaim", "subres-recordings")]["spec"]
+    assert claim["accessModes"] == ["ReadWriteMany"]
+    pod = docs[("Deployment", "subres")]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    [config_arg] = [a for a in container["args"] if a.startswith("--config=")]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    [configmap] = [d for (kind, _), d in docs.items() if kind == "ConfigMap"]
+    config = configfile.parse(yaml.safe_load(configmap["data"]["config.yaml"]))
+    assert config_arg == f"--config={mounts['config']}/config.yaml"
+    assert config.consoles.recordings == mounts["recordings"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["recordings"]["persistentVolumeClaim"]["claimName"] == "subres-recordings"
+    assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
