@@ -125,6 +125,8 @@ class KeptConsole:
         self._backend = backend
         self.hub.source = self
         log.info("%s: kept", self.key)
+        kept = self._state.metrics.consoles_kept
+        kept.inc()
         try:
             while chunk := await backend.read():
                 await self.hub.deliver(chunk)
@@ -132,6 +134,7 @@ class KeptConsole:
         except (OSError, RuntimeError) as exc:
             self.status = f"the console's connection failed: {exc}"
         finally:
+            kept.dec()
             self._backend = None
             self.hub.release(self)
             self.hub.end()

@@ -124,6 +124,11 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.consoles_kept = Gauge(
+            "subres_consoles_kept",
+            "Kept consoles whose backend connection is open now.",
+            registry=self.registry,
+        )
         self.events_dropped = Counter(
             "subres_events_dropped",
             "Kubernetes Events about sessions not sent, by why (rate: the object's limit; "

@@ -3,10 +3,12 @@
 A console's output comes from one source at a time: the writer's own backend
 connection, read through a `Tee`, or a kept connection whose reader calls
 `Hub.deliver`. Each observer reads a `Feed`: the output since it attached,
-queued up to a bound. An observer that falls further behind than that is cut
-off and told why, so that it can neither slow the writer nor grow the
-server's memory. What an observer sends is dropped. Besides observers, a hub
-hands every chunk and resize to its `Sink`s (a recording) and keeps a bounded
+queued up to a bound and handed out a few milliseconds later, after the
+writer's copy and in one piece (`OBSERVER_DELAY`). An observer that falls
+further behind than its bound is cut off and told why, so that it can
+neither slow the writer nor grow the server's memory. What an observer sends
+is dropped. Besides observers, a hub hands every chunk and resize to its
+`Sink`s (a recording) and keeps a bounded
 `Scrollback` when the console is kept. A kept console's writer reads its own
 feed, which holds the kept connection back while the writer is slow, and
 writes through a `KeptPort`.
@@ -28,12 +30,24 @@ from subres.protocol.channels import TerminalSize
 from subres.streams.scrollback import Scrollback
 from subres.streams.websocket import CloseCode
 
-__all__ = ["FEED_LIMIT", "Closer", "Feed", "Hub", "Kept", "KeptPort", "Sink", "Tee"]
+__all__ = [
+    "FEED_LIMIT",
+    "OBSERVER_DELAY",
+    "Closer",
+    "Feed",
+    "Hub",
+    "Kept",
+    "KeptPort",
+    "Sink",
+    "Tee",
+]
 
 log = logging.getLogger(__name__)
 
 FEED_LIMIT = 1 << 20
 """Bytes an observer may fall behind the console before it is cut off."""
+OBSERVER_DELAY = 0.005
+"""Seconds observers' output waits, so that it leaves after the writer's and in fewer frames."""
 
 
 class Sink(Protocol):
@@ -114,14 +128,26 @@ class Feed:
         self._size += len(text)
         _wake(self._readable)
 
-    def offer(self, chunk: bytes) -> None:
-        """Queue `chunk` without waiting; past the limit, cut the feed off instead."""
+    def offer(self, chunk: bytes, *, wake: bool = True) -> None:
+        """Queue `chunk` without waiting; past the limit, cut the feed off instead.
+
+        With `wake` False the reader is not woken: the hub wakes every
+        observer together a moment later (`Hub.publish`).
+        """
         if self._ended:
             return
         if self._chunks and self._size + len(chunk) > self._limit:
             self.cut(f"fell more than {_amount(self._limit)} behind the console")
             return
-        self._append(chunk)
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if wake:
+            _wake(self._readable)
+
+    def wake(self) -> None:
+        """Let the reader take what is queued."""
+        if self._chunks:
+            _wake(self._readable)
 
     async def put(self, chunk: bytes) -> None:
         """Queue `chunk`, first waiting while the feed is full."""
@@ -155,7 +181,7 @@ class Feed:
             self._closer(CloseCode.FELL_BEHIND, reason)
 
     async def read(self) -> bytes:
-        """The next chunk of output; b"" once the console ended.
+        """Everything queued, as one chunk; b"" once the console ended.
 
         A feed that was cut never returns: its session is being closed, and
         the pump stops reading when the client is gone.
@@ -165,8 +191,9 @@ class Feed:
                 return b""
             self._readable = asyncio.get_running_loop().create_future()
             await self._readable
-        chunk = self._chunks.popleft()
-        self._size -= len(chunk)
+        chunk = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._size = 0
         _wake(self._room)
         return chunk
 
@@ -345,6 +372,7 @@ class Hub:
         """The writer's last window size."""
         self._feed_limit = feed_limit
         self._on_idle = on_idle
+        self._waking: asyncio.TimerHandle | None = None
 
     @property
     def idle(self) -> bool:
@@ -411,13 +439,27 @@ class Hub:
         self._check_idle()
 
     def publish(self, chunk: bytes) -> None:
-        """New output: to the scrollback, the sinks and every feed."""
+        """New output: to the scrollback, the sinks and every feed.
+
+        Observers are woken together `OBSERVER_DELAY` later, not at once: the
+        writer's output leaves first, and while output flows each observer is
+        sent one larger frame per delay rather than one per chunk.
+        """
         if self.scrollback is not None:
             self.scrollback.append(chunk)
         for sink in self.sinks:
             sink.output(chunk)
+        if not self.feeds:
+            return
         for feed in list(self.feeds):
-            feed.offer(chunk)
+            feed.offer(chunk, wake=False)
+        if self._waking is None:
+            self._waking = asyncio.get_running_loop().call_later(OBSERVER_DELAY, self._wake)
+
+    def _wake(self) -> None:
+        self._waking = None
+        for feed in self.feeds:
+            feed.wake()
 
     async def deliver(self, chunk: bytes) -> None:
         """A kept connection's output: published, then queued for the writer (who may wait)."""

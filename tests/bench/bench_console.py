@@ -14,6 +14,8 @@ It prints markdown tables:
 3. Server memory per idle console session (RSS, PSS and anonymous memory of
    the server process, after minus before, divided by the sessions), and the
    server CPU seconds spent opening them.
+4. The writer's round trip with 0, 1 and 50 observers on its console, and
+   100 kept consoles' memory and CPU (`sharing.py`).
 
 Everything runs on 127.0.0.1 in separate processes: the echo backend, the
 server (`python -m subres serve`, or the `serve_variant` harness), and, for
@@ -48,7 +50,7 @@ import asyncssh
 import yaml
 
 from subres.server import certs
-from tests.bench import memory
+from tests.bench import memory, sharing
 from tests.bench.agent import NODE, start_agent
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
 from tests.bench.procs import Child, build_loadgen, cpu_seconds, spawn
@@ -101,7 +103,9 @@ def parse(argv: Sequence[str] | None) -> Settings:
     p.add_argument("--concurrency", type=int, default=16, help="concurrent opens in rate test")
     p.add_argument("--idle", help="idle session counts, comma-separated (1000,5000; quick 300)")
     p.add_argument(
-        "--phases", default="latency,rate,memory", help="which of latency,rate,memory to run"
+        "--phases",
+        default="latency,rate,memory,observers,kept",
+        help="which of latency,rate,memory,observers,kept to run",
     )
     p.add_argument(
         "--variant",
@@ -258,10 +262,12 @@ class Server:
             await asyncio.sleep(0.2)
 
 
-def server_args(files: Files, variant: str, settings: Settings) -> tuple[str, list[str]]:
-    """The module to run and its flags."""
+def server_args(
+    files: Files, variant: str, settings: Settings, *, machines: Path | None = None
+) -> tuple[str, list[str]]:
+    """The module to run and its flags (`machines`: another standalone file)."""
     flags = [
-        *("--standalone", str(files.root / "machines.yaml")),
+        *("--standalone", str(machines or files.root / "machines.yaml")),
         *("--token-auth-file", str(files.root / "tokens.csv")),
         *("--config", str(files.root / "config.yaml")),
         *("--secure-port", "0", "--cert-dir", str(files.root / "certs")),
@@ -283,10 +289,15 @@ def server_args(files: Files, variant: str, settings: Settings) -> tuple[str, li
 
 @contextlib.asynccontextmanager
 async def running_server(
-    files: Files, variant: str, settings: Settings, *, memory_phase: bool = False
+    files: Files,
+    variant: str,
+    settings: Settings,
+    *,
+    memory_phase: bool = False,
+    machines: Path | None = None,
 ) -> AsyncIterator[Server]:
     """Start a server, learn its port from its log, stop it by PID afterwards."""
-    module, args = server_args(files, variant, settings)
+    module, args = server_args(files, variant, settings, machines=machines)
     log = files.root / f"server-{time.monotonic_ns()}.log"
     env = settings.server_env if memory_phase else {}
     child = await spawn(f"server ({variant})", module, *args, log=log, stops_on_eof=False, env=env)
@@ -540,19 +551,40 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
 
 
 async def run_phases(settings: Settings, files: Files, backend_port: int, ssh: SshEcho) -> None:
-    """Latency and rate share one server; memory gets a fresh one with a clean heap."""
-    if settings.phases & {"latency", "rate"}:
+    """Latency, rate and observers share one server; memory and kept get fresh ones."""
+    if settings.phases & {"latency", "rate", "observers"}:
         async with running_server(files, "serve", settings) as server:
             if "latency" in settings.phases:
                 emit(await latency_table(server, backend_port, ssh, settings))
             if "rate" in settings.phases:
                 emit(await rate_table(server, settings))
+            if "observers" in settings.phases:
+                emit(await observers(server, settings))
+    if "kept" in settings.phases:
+        machines = files.root / "kept.yaml"
+        sharing.kept_machines(machines, backend_port, kept=False)
+        async with (
+            running_server(files, "serve", settings, machines=machines) as server,
+            aiohttp.ClientSession() as http,
+        ):
+            window = 2.0 if settings.quick else 10.0
+            emit(await sharing.kept_table(server, http, machines, backend_port, window=window))
     if "memory" in settings.phases:
         async with (
             running_server(files, settings.variant, settings, memory_phase=True) as server,
             aiohttp.ClientSession() as http,
         ):
             emit(await memory.idle_table(server, http, files.root, settings))
+
+
+async def observers(server: Server, settings: Settings) -> str:
+    """Table 4: the writer's round trip as observers join its console."""
+
+    def roundtrips(count: int, payload: bytes) -> Awaitable[list[int]]:
+        return ws_roundtrips(server.target, sharing.MACHINE, V5, count, payload)
+
+    async with aiohttp.ClientSession() as http:
+        return await sharing.observers_table(server, http, settings, roundtrips)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

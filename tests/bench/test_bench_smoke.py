@@ -8,6 +8,8 @@ TABLE_TITLES = (
     "### Console echo round trip",
     "### Console sessions opened and closed per second",
     "### Server memory per idle console session",
+    "### The writer's round trip with observers on its console",
+    "### 100 kept consoles",
 )
 
 
@@ -21,5 +23,6 @@ def test_bench_console_prints_its_tables() -> None:
     assert "through the node agent (mTLS) |" in out
     assert "| SSH client straight to the SSH echo server |" in out
     assert "console on the SSH echo server (`ssh://`) |" in out
-    # Every measured row is present: six paths, two concurrencies, one idle level.
-    assert out.count("\n| ") >= 6 + 2 + 1 + 3
+    # Every measured row is present: six paths, two concurrencies, one idle level, three
+    # observer levels, two kept-console states.
+    assert out.count("\n| ") >= 6 + 2 + 1 + 3 + 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from subres.streams.hub import Feed, Hub
+from subres.streams.hub import OBSERVER_DELAY, Feed, Hub
 from subres.streams.scrollback import Scrollback
 
 
@@ -13,15 +13,32 @@ def make_hub(*, limit: int = 10, scrollback: Scrollback | None = None) -> tuple[
     return Hub(on_idle=idle.append, scrollback=scrollback, feed_limit=limit), idle
 
 
-async def test_every_feed_reads_what_was_published_in_order() -> None:
+async def test_every_feed_reads_what_was_published_in_order_and_at_once() -> None:
     hub, _ = make_hub(limit=100)
     first, second = hub.attach(), hub.attach()
     for chunk in (b"a", b"bc", b"def"):
         hub.publish(chunk)
     hub.end()
     for feed in (first, second):
-        got = [await feed.read() for _ in range(4)]
-        assert got == [b"a", b"bc", b"def", b""]
+        got = [await feed.read() for _ in range(2)]
+        assert got == [b"abcdef", b""]
+
+
+async def test_observers_are_woken_together_a_moment_after_the_output() -> None:
+    hub, _ = make_hub(limit=100)
+    feed = hub.attach()
+    loop = asyncio.get_running_loop()
+    published: list[float] = []
+
+    def publish() -> None:
+        published.append(loop.time())
+        hub.publish(b"late")
+
+    reading = asyncio.create_task(feed.read())
+    loop.call_soon(publish)  # runs once the reader waits (callbacks run in order)
+    async with asyncio.timeout(1):
+        assert await reading == b"late"
+    assert loop.time() - published[0] >= OBSERVER_DELAY * 0.9
 
 
 async def test_a_feed_past_its_limit_is_cut_and_its_session_closed() -> None:
