@@ -17,8 +17,13 @@ Memory per kept console: its scrollback (at most `consoles.scrollback`), one
 backend connection and one task; `tests/bench/bench_console.py` measures it.
 At most `consoles.maxKept` consoles are kept (by namespace and name order).
 
-With several replicas, `Claims` says which one keeps a console (Leases); a
-replica on its own keeps them all (`Alone`).
+Which replica keeps a console is an exclusive session slot of its own
+(`console-keeper`), claimed as `preserveSession` would: a replica takes it
+only while no other holds it. Standalone that is this replica's table; in
+cluster mode it is a session Lease, so exactly one replica keeps a console,
+and when that replica dies, another takes its place once the Lease expired.
+A replica that does not keep a console answers its writers 503 naming the
+holder (its observers see nothing of it).
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping
-from typing import Protocol
 
 from subres.backends.stream import ByteStream
 from subres.kube.status import StatusError
@@ -35,9 +39,9 @@ from subres.server import sharing, subresource
 from subres.server.state import State
 from subres.server.subresource import Target
 from subres.streams.scrollback import Scrollback
-from subres.streams.sessions import SessionKey
+from subres.streams.sessions import Busy, Claim, SessionKey
 
-__all__ = ["Alone", "Claims", "Keeper", "KeptConsole"]
+__all__ = ["KEEPER", "Keeper", "KeptConsole"]
 
 log = logging.getLogger(__name__)
 
@@ -47,40 +51,25 @@ LAST_RETRY = 30.0
 """...up to this."""
 STEADY = 60.0
 """A connection that lasted this many seconds starts the next retries from the first."""
-
-
-class Claims(Protocol):
-    """Which replica keeps which console."""
-
-    async def hold(self, key: SessionKey) -> None:
-        """Return once this replica may keep `key` (waiting while another does)."""
-
-    def release(self, key: SessionKey) -> None:
-        """This replica no longer keeps `key`."""
-
-
-class Alone:
-    """A replica on its own keeps every console."""
-
-    async def hold(self, key: SessionKey) -> None:
-        """At once."""
-
-    def release(self, key: SessionKey) -> None:
-        """Nothing to give back."""
+CLAIM_RETRY = 2.0
+"""Seconds between attempts to keep a console another replica keeps."""
+KEEPER = "keeper"
+"""The user a keeper's slot is held by (named to whoever it is taken from)."""
 
 
 class KeptConsole:
     """One kept console: its connection, dialed again whenever it ends, read into its hub."""
 
-    def __init__(self, state: State, target: Target, claims: Claims) -> None:
+    def __init__(self, state: State, target: Target) -> None:
         self.key = sharing.key(target)
+        self.slot = sharing.keeper_key(target)
+        """Who keeps the console: an exclusive slot (a Lease in cluster mode)."""
         self.target = target
         """The parent as last seen (kept up to date while its endpoint stays the same)."""
         self.url = subresource_url(target)
         self.status = "waiting to be dialed"
         """Why there is no connection, in words (while there is none)."""
         self._state = state
-        self._claims = claims
         self._backend: ByteStream | None = None
         self.hub = sharing.hub(state, target)
         self.hub.keep(self, Scrollback(state.config.consoles.scrollback))
@@ -96,21 +85,54 @@ class KeptConsole:
         self.task.cancel()
         await asyncio.wait([self.task])
 
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """The slot was taken (another replica keeps the console now): let the connection go."""
+        log.info("%s: %s", self.key, reason)
+        if self._backend is not None:
+            await self._backend.close()
+
+    def drop(self) -> None:
+        """Nothing to drop at once: `close` lets the connection go."""
+
     async def _run(self) -> None:
-        retry = FIRST_RETRY
         try:
-            await self._claims.hold(self.key)
             while True:
-                started = asyncio.get_running_loop().time()
-                await self._keep()
-                if asyncio.get_running_loop().time() - started > STEADY:
-                    retry = FIRST_RETRY
-                # Backoff between dials, not synchronisation: nothing signals a console's return.
-                await asyncio.sleep(retry * random.uniform(0.8, 1.2))
-                retry = min(retry * 2, LAST_RETRY)
+                claim = await self._claim()
+                try:
+                    await self._keep_while(claim)
+                finally:
+                    self._state.sessions.release(claim)
         finally:
-            self._claims.release(self.key)
             self.hub.unkeep(self)
+
+    async def _claim(self) -> Claim:
+        """The slot, once no other replica holds it."""
+        while True:
+            try:
+                claim = await self._state.sessions.claim(self.slot, user=KEEPER, preserve=True)
+            except Busy:
+                self.status = "another replica keeps it"
+            except StatusError as exc:
+                self.status = exc.message
+            else:
+                claim.session = self  # taken over: `close`
+                return claim
+            # Another replica's Lease: nothing here signals that it expired.
+            await asyncio.sleep(CLAIM_RETRY * random.uniform(0.8, 1.2))
+
+    async def _keep_while(self, claim: Claim) -> None:
+        """Keep the console connected, dialing again with backoff, until the slot is lost."""
+        retry = FIRST_RETRY
+        while claim.lost is None:
+            started = asyncio.get_running_loop().time()
+            await self._keep()
+            if claim.lost is not None:
+                return
+            if asyncio.get_running_loop().time() - started > STEADY:
+                retry = FIRST_RETRY
+            # Backoff between dials, not synchronisation: nothing signals a console's return.
+            await asyncio.sleep(retry * random.uniform(0.8, 1.2))
+            retry = min(retry * 2, LAST_RETRY)
 
     async def _keep(self) -> None:
         """Dial once and relay until the connection ends."""
@@ -145,9 +167,8 @@ class KeptConsole:
 class Keeper:
     """Keeps the consoles that opt in, following the parent caches."""
 
-    def __init__(self, state: State, *, claims: Claims | None = None) -> None:
+    def __init__(self, state: State) -> None:
         self._state = state
-        self._claims = claims or Alone()
         self.consoles: dict[SessionKey, KeptConsole] = {}
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -193,7 +214,7 @@ class Keeper:
             if key in self.consoles:
                 self.consoles[key].target = target
             else:
-                self.consoles[key] = KeptConsole(self._state, target, self._claims)
+                self.consoles[key] = KeptConsole(self._state, target)
 
     def _wanted(self) -> dict[SessionKey, Target]:
         limits = self._state.config.consoles

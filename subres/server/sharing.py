@@ -16,8 +16,15 @@ from subres.server.session import key
 from subres.server.state import State
 from subres.server.subresource import Target
 from subres.streams.hub import Feed, Hub, KeptPort, Tee
+from subres.streams.sessions import SessionKey
 
-__all__ = ["hub", "key", "observe", "write"]
+__all__ = ["hub", "keeper_key", "key", "observe", "write"]
+
+
+def keeper_key(target: Target) -> SessionKey:
+    """The slot of whoever keeps `target`'s console (which replica, in cluster mode)."""
+    console = key(target)
+    return SessionKey(console.resource, "console-keeper", console.namespace, console.name)
 
 
 async def write(state: State, target: Target, url: str, *, tail: int | None) -> ByteStream:
@@ -29,6 +36,8 @@ async def write(state: State, target: Target, url: str, *, tail: int | None) -> 
                 503, f"{target.describe()}: the kept console is not connected: {kept.keeper.status}"
             )
         return KeptPort(kept, kept.keeper, tail=tail)
+    if state.sessions.active(keeper_key(target)):
+        raise StatusError(503, f"{target.describe()}: another replica keeps this console")
     backend = await subresource.connect(state, target, url)
     return Tee(backend, hub(state, target))
 

@@ -120,6 +120,7 @@ async def put_machine(
     forward: tuple[str, list[int]] | None = None,
     phase: str = "Running",
     node: str | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> None:
     """Create or update a Machine with real kubectl, then set its status subresource
     (`phase`, and `nodeName` when `node` is given)."""
@@ -133,7 +134,7 @@ async def put_machine(
     obj = {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": NS, "annotations": dict(annotations or {})},
         "spec": spec,
     }
     (await plane.kubectl("apply", "-f", "-", stdin=json.dumps(obj))).check()
