@@ -62,15 +62,19 @@ def machine(
     phase: str = "Running",
     spec: dict[str, Any] | None = None,
     status: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Machine object; `spec` and `status` add to what the other arguments say."""
     body: dict[str, Any] = {}
     if console is not None:
         body["console"] = {"endpoint": console}
+    meta: dict[str, Any] = {"name": name, "namespace": "default"}
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": meta,
         "spec": {**body, **(spec or {})},
         "status": {"phase": phase, **(status or {})},
     }

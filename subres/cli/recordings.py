@@ -25,6 +25,7 @@ __all__ = ["main"]
 MAX_LIST = 16 << 20
 
 
+# Every verb's `main` has this shape (the kubeconfig, then the verb's coroutine).
 @api.command
 def main(ns: argparse.Namespace) -> int:
     """List the recordings, or save one; 0."""

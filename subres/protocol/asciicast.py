@@ -35,6 +35,8 @@ class RecordingError(ValueError):
 class Header:
     """The first line of a recording."""
 
+    # (A plain record: only its shape resembles other dataclasses' field lists.)
+
     width: int
     height: int
     timestamp: int
@@ -60,6 +62,8 @@ class Header:
 @dataclass(frozen=True)
 class Event:
     """One event: when (seconds since the start), what kind, and its data."""
+
+    # (A plain record, as `Header` is.)
 
     time: float
     code: str

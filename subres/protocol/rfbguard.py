@@ -23,10 +23,11 @@ import enum
 import struct
 from collections.abc import Callable
 
+from subres.protocol.rfb import SECURITY_NONE
+
 __all__ = ["ViewerGuard", "ViewerRefused"]
 
 VERSION_SIZE = 12
-SECURITY_NONE = 1
 SECURITY_VNC = 2
 VNC_RESPONSE = 16
 MAX_CUT_TEXT = 1 << 20
@@ -61,6 +62,8 @@ FIXED = {
 
 class ViewerRefused(ValueError):
     """A view-only viewer sent what cannot be checked; the message says what."""
+
+    # (An error and a stage enum, as rfb.py's client has: only the shape is shared.)
 
 
 class _Stage(enum.Enum):

@@ -47,6 +47,7 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     url = subresource.endpoint_url(target)
     tail = _tail(request)
     writer = mode == session.WRITER
+    # The two dialects' upgrades take different arguments: two calls that look alike.
     if httpstream.is_spdy_upgrade(
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
     ):

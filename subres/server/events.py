@@ -93,6 +93,8 @@ def closed(fields: Mapping[str, Any]) -> tuple[str, str] | None:
 class EventSettings:
     """Limits on Events."""
 
+    # (Settings as the webhooks' and the informer's are: only the shape is shared.)
+
     burst: int = 25
     """Events one object may get at once."""
     refill: float = 300.0

@@ -152,23 +152,19 @@ def _paths(config: Config, v3: bool) -> dict[str, Any]:
             "parameters": _params(v3),
         }
     prefix = f"/apis/{config.group}/{config.version}"
-    paths[f"{prefix}/namespaces/{{namespace}}/sessions"] = {
-        "get": _read(
-            config,
-            operation="listNamespacedSession",
-            what="list the live sessions in a namespace",
-            v3=v3,
+    for path, operation, where, namespaced in (
+        (
+            f"{prefix}/namespaces/{{namespace}}/sessions",
+            "listNamespacedSession",
+            "a namespace",
+            True,
         ),
-        "parameters": _params(v3, named=False),
-    }
-    paths[f"{prefix}/sessions"] = {
-        "get": _read(
-            config,
-            operation="listSessionForAllNamespaces",
-            what="list the live sessions in every namespace",
-            v3=v3,
-        ),
-    }
+        (f"{prefix}/sessions", "listSessionForAllNamespaces", "every namespace", False),
+    ):
+        what = f"list the live sessions in {where}"
+        paths[path] = {"get": _read(config, operation=operation, what=what, v3=v3)}
+        if namespaced:
+            paths[path]["parameters"] = _params(v3, named=False)
     return paths
 
 
@@ -199,18 +195,6 @@ def _schemas(config: Config, v3: bool) -> dict[str, Any]:
         },
         "x-kubernetes-group-version-kind": [_gvk(config, "Session")],
     }
-    listing = {
-        "description": "Live sessions.",
-        "type": "object",
-        "required": ["items"],
-        "properties": {
-            "apiVersion": text,
-            "kind": text,
-            "metadata": {"type": "object"},
-            "items": {"type": "array", "items": _ref(config, "Session", v3)},
-        },
-        "x-kubernetes-group-version-kind": [_gvk(config, "SessionList")],
-    }
     recording = {
         "description": "A recorded console session (asciicast v2), read at …/recordings/NAME.",
         "type": "object",
@@ -222,23 +206,30 @@ def _schemas(config: Config, v3: bool) -> dict[str, Any]:
             "title": text,
         },
     }
-    recordings = {
-        "description": "A machine's recorded console sessions, newest first.",
+    return {
+        _definition(config, "Session"): session,
+        _definition(config, "SessionList"): _list(config, "Session", "Live sessions.", v3),
+        _definition(config, "Recording"): recording,
+        _definition(config, "RecordingList"): _list(
+            config, "Recording", "A machine's recorded console sessions, newest first.", v3
+        ),
+    }
+
+
+def _list(config: Config, kind: str, what: str, v3: bool) -> dict[str, Any]:
+    """The schema of a `KindList`."""
+    text = {"type": "string"}
+    return {
+        "description": what,
         "type": "object",
         "required": ["items"],
         "properties": {
             "apiVersion": text,
             "kind": text,
             "metadata": {"type": "object"},
-            "items": {"type": "array", "items": _ref(config, "Recording", v3)},
+            "items": {"type": "array", "items": _ref(config, kind, v3)},
         },
-        "x-kubernetes-group-version-kind": [_gvk(config, "RecordingList")],
-    }
-    return {
-        _definition(config, "Session"): session,
-        _definition(config, "SessionList"): listing,
-        _definition(config, "Recording"): recording,
-        _definition(config, "RecordingList"): recordings,
+        "x-kubernetes-group-version-kind": [_gvk(config, f"{kind}List")],
     }
 
 

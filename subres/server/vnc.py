@@ -27,11 +27,22 @@ SUBPROTOCOLS = ("", "plain.kubevirt.io", "binary")
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """The interactive viewer: check, negotiate, dial, then upgrade and stream."""
+    # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
+    preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
+    return await _view(state, request, view_only=False, preserve=preserve)
+
+
+async def observe(state: State, request: web.Request) -> web.StreamResponse:
+    """A view-only viewer: check, negotiate, dial, then upgrade and stream; input dropped."""
+    return await _view(state, request, view_only=True, preserve=False)
+
+
+async def _view(
+    state: State, request: web.Request, *, view_only: bool, preserve: bool
+) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
-    preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
     if preserve and state.sessions.active(session.key(target)):
         raise session.busy(target)  # without dialing; `session.hold` decides for certain
     backend = await subresource.connect(state, target, url)
@@ -41,26 +52,8 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
         target=target,
         ws=ws,
         dialect=dialect,
-        backend=GuardedDisplay(backend, view_only=False),
-        exclusive=True,
+        backend=GuardedDisplay(backend, view_only=view_only),
+        exclusive=not view_only,
         preserve=preserve,
-        mode=session.VIEWER,
-    )
-
-
-async def observe(state: State, request: web.Request) -> web.StreamResponse:
-    """A view-only viewer: check, negotiate, dial, then upgrade and stream; input dropped."""
-    target = subresource.resolve(state, request, "vnc")
-    url = subresource.endpoint_url(target)
-    ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    backend = await subresource.connect(state, target, url)
-    return await streaming.serve(
-        state,
-        request,
-        target=target,
-        ws=ws,
-        dialect=dialect,
-        backend=GuardedDisplay(backend, view_only=True),
-        exclusive=False,
-        mode=session.OBSERVER,
+        mode=session.OBSERVER if view_only else session.VIEWER,
     )

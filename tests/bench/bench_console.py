@@ -247,12 +247,16 @@ class Server:
 
     async def active_sessions(self, http: aiohttp.ClientSession) -> int:
         """The server's own count of live sessions (`subres_sessions_active`)."""
+        return await self.sample(http, 'subres_sessions_active{subresource="console"}')
+
+    async def sample(self, http: aiohttp.ClientSession, series: str) -> int:
+        """One series of the server's `/metrics`, e.g. `subres_consoles_kept` (0 when absent)."""
         base = "https" if self.target.scheme == "wss" else "http"
         url = f"{base}://127.0.0.1:{self.target.port}/metrics"
         headers = {"Authorization": f"Bearer {self.target.token}"}
         async with http.get(url, headers=headers, ssl=self.target.ssl_context() or False) as r:
             text = await r.text()
-        found = re.search(r'^subres_sessions_active\{subresource="console"\} (\S+)', text, re.M)
+        found = re.search(rf"^{re.escape(series)} (\S+)", text, re.M)
         return int(float(found.group(1))) if found else 0
 
     async def wait_sessions(self, http: aiohttp.ClientSession, count: int) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -142,17 +141,6 @@ def kept_machines(path: Path, backend_port: int, *, kept: bool) -> None:
     tmp.replace(path)  # the server re-reads a standalone file when it changes
 
 
-async def kept_consoles(server: Server, http: aiohttp.ClientSession) -> int:
-    """The server's own count (`subres_consoles_kept`)."""
-    base = "https" if server.target.scheme == "wss" else "http"
-    url = f"{base}://127.0.0.1:{server.target.port}/metrics"
-    headers = {"Authorization": f"Bearer {server.target.token}"}
-    async with http.get(url, headers=headers, ssl=server.target.ssl_context() or False) as r:
-        text = await r.text()
-    found = re.search(r"^subres_consoles_kept (\S+)", text, re.M)
-    return int(float(found.group(1))) if found else 0
-
-
 async def fill(server: Server, name: str, data: bytes) -> None:
     """Send `data` through console `name` as its writer and read the echo back."""
     async with server.target.connect(name, V5, server.target.ssl_context(), 30) as ws:
@@ -171,7 +159,8 @@ async def kept_table(
     before = await settle(server.pid, max_samples=20)
     kept_machines(machines, backend_port, kept=True)
     async with asyncio.timeout(120):
-        while await kept_consoles(server, http) < KEPT:  # noqa: ASYNC110 - another process
+        # Another process: nothing to await but its next answer.
+        while await server.sample(http, "subres_consoles_kept") < KEPT:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
     idle = await settle(server.pid, max_samples=40)
     cpu0, wall0 = cpu_seconds(server.pid), time.monotonic()

@@ -7,7 +7,6 @@ sees both what every page showed and what the machine received.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from tests.browser import cdp
 from tests.browser.test_console import TERMINAL, buffer_has
+from tests.consoles import Console
 from tests.support import Backend, Standalone, machine, start_standalone, wait_for
 
 CONNECTED = "document.getElementById('status').dataset.state === 'connected'"
@@ -23,29 +23,15 @@ CHOOSER = "document.querySelector('.chooser')"
 HOLDER = "document.getElementById('holder').textContent"
 
 
-class Machine:
-    """A console that echoes and keeps what it received."""
-
-    def __init__(self) -> None:
-        self.received = bytearray()
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            self.received += data
-            writer.write(data)
-            await writer.drain()
+@pytest.fixture
+def vm() -> Console:
+    return Console()
 
 
 @pytest.fixture
-def vm() -> Machine:
-    return Machine()
-
-
-@pytest.fixture
-async def subres(tmp_path: Path, vm: Machine, browser_ready: None) -> AsyncIterator[Standalone]:
+async def subres(tmp_path: Path, vm: Console, browser_ready: None) -> AsyncIterator[Standalone]:
     console = await Backend(handler=vm.handle).start_tcp()
-    vm1 = machine("vm1", console=console.url)
-    vm1["metadata"]["annotations"] = {"subres.dev/record-console": "true"}
+    vm1 = machine("vm1", console=console.url, annotations={"subres.dev/record-console": "true"})
     recordings = {"recordings": {"directory": str(tmp_path / "recordings")}}
     page = {"authorization_always_allow_paths": ("/readyz", "/ui", "/ui/*")}
     async with start_standalone(tmp_path, vm1, config={"consoles": recordings}, options=page) as s:
@@ -69,7 +55,7 @@ async def observer(browser: cdp.Browser, subres: Standalone, user: str) -> cdp.P
 
 
 async def test_one_writer_two_observers_and_the_holder_banner(
-    browser: cdp.Browser, subres: Standalone, vm: Machine, tmp_path: Path
+    browser: cdp.Browser, subres: Standalone, vm: Console, tmp_path: Path
 ) -> None:
     alice = await browser.new_page()
     await alice.goto(page_url(subres, "alice"))

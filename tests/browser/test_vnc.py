@@ -63,12 +63,18 @@ def assert_shows_demo_display(image: Image.Image) -> None:
     assert off < len(wanted) // 100, f"{off} of {len(wanted)} colour values differ"
 
 
-async def test_vnc_tab_shows_the_demo_display(
-    browser: cdp.Browser, demo: Demo, tmp_path: Path
-) -> None:
+async def demo_display_page(browser: cdp.Browser, demo: Demo, tmp_path: Path) -> cdp.Page:
+    """A page showing the demo's display in its VNC tab (checked)."""
     page = await browser.new_page(width=1000, height=700)
     await page.goto(demo.page_url)
     assert_shows_demo_display(await show_display(page, tmp_path))
+    return page
+
+
+async def test_vnc_tab_shows_the_demo_display(
+    browser: cdp.Browser, demo: Demo, tmp_path: Path
+) -> None:
+    await demo_display_page(browser, demo, tmp_path)
 
 
 async def test_vnc_through_subres_web_with_kubeconfig_credentials(
@@ -105,9 +111,7 @@ async def capture(port: int, out: Path) -> Image.Image:
 async def test_novnc_and_subres_vnc_view_one_display_at_once(
     browser: cdp.Browser, demo: Demo, tmp_path: Path
 ) -> None:
-    page = await browser.new_page(width=1000, height=700)
-    await page.goto(demo.page_url)
-    assert_shows_demo_display(await show_display(page, tmp_path))
+    page = await demo_display_page(browser, demo, tmp_path)
     # A view-only viewer joins through subres vnc; the page's viewer is not taken over.
     with subres_vnc(demo, tmp_path, "--view-only") as port:
         check_demo_picture(await capture(port, tmp_path / "view-only.png"))

@@ -13,38 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import ClientConnection
 
-from tests.cli.conftest import CLI_TIMEOUT, cli, cli_env
+from tests.cli.conftest import CLI_TIMEOUT, cli, cli_env, run_cli_async
+from tests.consoles import Console, stdout_until
 from tests.support import Backend, Standalone, machine, start_standalone, wait_for
 
 V5 = "v5.channel.k8s.io"
 
 
-class Received:
-    """An echo console that keeps what reached it."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while chunk := await reader.read(65536):
-            self.data += chunk
-            writer.write(chunk)
-            await writer.drain()
-        writer.write_eof()
+@pytest.fixture
+def received() -> Console:
+    return Console()
 
 
 @pytest.fixture
-def received() -> Received:
-    return Received()
-
-
-@pytest.fixture
-async def subres(tmp_path: Path, received: Received) -> AsyncIterator[Standalone]:
+async def subres(tmp_path: Path, received: Console) -> AsyncIterator[Standalone]:
     console = await Backend(handler=received.handle).start_tcp()
-    vm1 = machine("vm1", console=console.url)
-    vm1["metadata"]["annotations"] = {"subres.dev/record-console": "true"}
+    vm1 = machine("vm1", console=console.url, annotations={"subres.dev/record-console": "true"})
     recordings = {"recordings": {"directory": str(tmp_path / "recordings")}}
     async with start_standalone(tmp_path, vm1, config={"consoles": recordings}) as s:
         yield s
@@ -54,30 +39,12 @@ async def subres(tmp_path: Path, received: Received) -> AsyncIterator[Standalone
 async def run(
     subres: Standalone, *args: str, stdin: bytes = b"", home: Path
 ) -> tuple[int, bytes, bytes]:
-    proc = await asyncio.create_subprocess_exec(
-        *cli("--kubeconfig", subres.kubeconfig(), *args),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=cli_env(home),
-    )
-    async with asyncio.timeout(CLI_TIMEOUT):
-        out, err = await proc.communicate(stdin)
-    assert proc.returncode is not None
-    return proc.returncode, out, err
-
-
-async def stdout_until(ws: ClientConnection, text: bytes) -> None:
-    got = b""
-    async with asyncio.timeout(CLI_TIMEOUT):
-        while text not in got:
-            message = await ws.recv()
-            assert isinstance(message, bytes)
-            got += message[1:] if message[:1] == b"\x01" else b""
+    done = await run_cli_async(["--kubeconfig", subres.kubeconfig(), *args], home=home, stdin=stdin)
+    return done.returncode, done.stdout, done.stderr
 
 
 async def test_observe_prints_what_the_writer_types_and_sends_nothing(
-    subres: Standalone, received: Received, tmp_path: Path
+    subres: Standalone, received: Console, tmp_path: Path
 ) -> None:
     proc = await asyncio.create_subprocess_exec(
         *cli("--kubeconfig", subres.kubeconfig(), "console", "--observe", "vm1"),
@@ -100,7 +67,7 @@ async def test_observe_prints_what_the_writer_types_and_sends_nothing(
             out, err = await proc.communicate()
     assert proc.returncode == 0, err
     assert b"hello from alice\n" in out
-    assert bytes(received.data) == b"hello from alice\n"
+    assert bytes(received.received) == b"hello from alice\n"
 
 
 async def test_sessions_prints_who_holds_the_console(subres: Standalone, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ file order; the last one kills replica B.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -54,6 +55,13 @@ CLOSE_TIMEOUT_S = 15.0
 @pytest.fixture(scope="module")
 def replicas(control_plane: ControlPlane) -> Iterator[tuple[Subres, Subres]]:
     """Replica A (registered, Available) and replica B beside it; alice's group may use them."""
+    with replica_pair(control_plane) as pair:
+        yield pair
+
+
+@contextlib.contextmanager
+def replica_pair(control_plane: ControlPlane) -> Iterator[tuple[Subres, Subres]]:
+    """Replicas A and B, their Leases short; alice's group bound to the user role."""
     flags = (
         f"--lease-duration={DURATION_S}s",
         f"--lease-renew-interval={RENEW_S}s",

@@ -18,14 +18,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-from websockets.asyncio.client import ClientConnection
 
 from subres.streams.leases import lease_name
 from subres.streams.sessions import SessionKey
-from tests.e2e import subresserver
+from tests.consoles import stdout_until
 from tests.e2e.controlplane import ControlPlane, poll, run_sync
-from tests.e2e.subresserver import GROUP, Profile, Subres
-from tests.e2e.test_replicas import DURATION_S, LEASES, RENEW_S, at_b, bind_users
+from tests.e2e.subresserver import GROUP, Subres
+from tests.e2e.test_replicas import DURATION_S, LEASES, RENEW_S, at_b, replica_pair
 from tests.e2e.test_subres import (
     NS,
     USERS_GROUP,
@@ -46,32 +45,19 @@ KEEP = {"subres.dev/keep-console": "true"}
 
 @pytest.fixture(scope="module")
 def replicas(control_plane: ControlPlane) -> Iterator[tuple[Subres, Subres]]:
-    """Replica A (registered) and replica B; alice may use consoles, bob may only watch."""
-    flags = (
-        f"--lease-duration={DURATION_S}s",
-        f"--lease-renew-interval={RENEW_S}s",
-        "--replica-name=replica-a",
-    )
-    a = run_sync(subresserver.launch(control_plane, Profile(args=flags)))
-    try:
-        b = run_sync(subresserver.replica(a, "replica-b"))
-        try:
-            run_sync(bind_users(control_plane))
-            run_sync(
-                bind(
-                    control_plane,
-                    "bob-observes",
-                    subject="--user=bob",
-                    check_as=["--as=bob"],
-                    role="subres-machine-observer",
-                    subresource="console-observe",
-                )
+    """Replicas A (registered) and B; alice may use consoles, bob may only watch."""
+    with replica_pair(control_plane) as pair:
+        run_sync(
+            bind(
+                control_plane,
+                "bob-observes",
+                subject="--user=bob",
+                check_as=["--as=bob"],
+                role="subres-machine-observer",
+                subresource="console-observe",
             )
-            yield a, b
-        finally:
-            run_sync(b.stop())
-    finally:
-        run_sync(subresserver.shutdown(a))
+        )
+        yield pair
 
 
 async def can_i(plane: ControlPlane, user: str, subresource: str) -> str:
@@ -80,15 +66,6 @@ async def can_i(plane: ControlPlane, user: str, subresource: str) -> str:
         "-n", NS, f"--as={user}",
     )  # fmt: skip
     return answer.stdout.strip()
-
-
-async def stdout_until(ws: ClientConnection, text: bytes) -> None:
-    got = b""
-    async with asyncio.timeout(20):
-        while text not in got:
-            message = await ws.recv()
-            assert isinstance(message, bytes)
-            got += message[1:] if message[:1] == b"\x01" else b""
 
 
 async def test_an_observer_watches_without_typing_and_kubectl_shows_who_and_what(

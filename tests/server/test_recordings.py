@@ -14,10 +14,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from websockets.asyncio.client import ClientConnection
 
 from subres.protocol import asciicast
 from subres.server.recordings import BANNER
+from tests.consoles import stdout_until
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone, wait_for
 
 V5 = "v5.channel.k8s.io"
@@ -26,9 +26,7 @@ RECORD = {"subres.dev/record-console": "true"}
 
 
 def recorded(name: str, url: str) -> dict[str, Any]:
-    obj = machine(name, console=url)
-    obj["metadata"]["annotations"] = dict(RECORD)
-    return obj
+    return machine(name, console=url, annotations=RECORD)
 
 
 def settings(tmp: Path, **files: int) -> dict[str, Any]:
@@ -44,17 +42,6 @@ async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
         config=settings(tmp_path),
     ) as s:
         yield s
-
-
-async def stdout_until(ws: ClientConnection, text: bytes) -> bytes:
-    got = bytearray()
-    async with asyncio.timeout(TIMEOUT):
-        while text not in got:
-            message = await ws.recv()
-            assert isinstance(message, bytes)
-            if message[0] == 1:
-                got += message[1:]
-    return bytes(got)
 
 
 async def api(subres: Standalone, path: str) -> tuple[int, str, bytes]:
