@@ -111,7 +111,12 @@ class KubeEvents:
     """Events posted to the main apiserver by one task, started on the first Event."""
 
     def __init__(
-        self, api: EventApi, *, metrics: Metrics, settings: EventSettings = EventSettings()
+        self,
+        api: EventApi,
+        *,
+        metrics: Metrics,
+        settings: EventSettings = EventSettings(),
+        instance: str = "",
     ) -> None:
         self._api = api
         self._metrics = metrics
@@ -119,7 +124,7 @@ class KubeEvents:
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(settings.queue)
         self._buckets: dict[str, tuple[float, float]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._instance = socket.gethostname()
+        self._instance = instance or socket.gethostname()
 
     def emit(self, obj: Mapping[str, Any], *, reason: str, message: str) -> None:
         """Queue an Event about `obj`, unless its rate or the queue is exhausted."""

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import resource
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +227,7 @@ async def complete_cluster(
     await asyncio.to_thread(parts.auth.reload_if_changed)
     tls = ReloadingTLS(cert=cert, key=key, client_ca=parts.auth.ca_paths, empty_client_ca_ok=True)
     metrics = Metrics()
+    replica = options.replica_name or socket.gethostname()
     state = State(
         config=config,
         caches=parts.caches,
@@ -238,7 +240,8 @@ async def complete_cluster(
         agents=_agents(options, parts.agents or StaticDirectory({})),
         metrics=metrics,
         audit=SessionAudit(audit.open_log(options.session_audit_log)),
-        events=KubeEvents(parts.main, metrics=metrics),
+        events=KubeEvents(parts.main, metrics=metrics, instance=replica),
+        replica=replica,
     )
     state.metrics.watch_caches(
         {

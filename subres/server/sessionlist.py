@@ -11,11 +11,11 @@ went each way so far. Each replica lists the sessions it serves.
 
 from __future__ import annotations
 
+import datetime
 import json
-import socket
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from aiohttp import web
 
@@ -24,6 +24,7 @@ from subres.server import subresource
 from subres.server.session import Live, Record
 from subres.server.state import State
 from subres.server.units import human_age, human_bytes, rfc3339
+from subres.streams.leases import USER_ANNOTATION
 
 __all__ = ["COLUMNS", "for_machine", "for_namespace", "item"]
 
@@ -39,7 +40,27 @@ COLUMNS = (
     ("Down", "string", "", "Bytes from the machine to the client so far."),
     ("Age", "string", "", "Time since the session started."),
 )
-REPLICA = socket.gethostname()
+
+
+HOLDERS = {"console": "writer", "vnc": "viewer"}
+"""The slots whose Leases name a session of another replica, and its mode."""
+
+
+@runtime_checkable
+class Holders(Protocol):
+    """Session Leases, as the replicas' shared lock has seen them."""
+
+    def holders(self) -> list[Mapping[str, Any]]:
+        """The fresh session Leases."""
+        ...
+
+
+class Entry(NamedTuple):
+    """A session: its record, the replica serving it, whether its traffic is known here."""
+
+    record: Record
+    replica: str
+    local: bool
 
 
 async def for_machine(state: State, request: web.Request) -> web.Response:
@@ -49,12 +70,12 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
     subresource.lookup(state, request, parent)
     namespace, name = request.match_info["namespace"], request.match_info["name"]
-    records = [
-        r
-        for r in _records(state)
-        if r.kind == parent.kind and r.namespace == namespace and r.name == name
+    entries = [
+        e
+        for e in _entries(state)
+        if (e.record.kind, e.record.namespace, e.record.name) == (parent.kind, namespace, name)
     ]
-    return _answer(state, request, records)
+    return _answer(state, request, entries)
 
 
 async def for_namespace(state: State, request: web.Request) -> web.Response:
@@ -62,23 +83,62 @@ async def for_namespace(state: State, request: web.Request) -> web.Response:
     namespace = request.match_info.get("namespace")
     if request.query.get("watch", "false").lower() not in ("false", "0"):
         raise StatusError(405, "sessions cannot be watched; list them again instead")
-    records = [r for r in _records(state) if namespace is None or r.namespace == namespace]
-    return _answer(state, request, records)
+    entries = [e for e in _entries(state) if namespace in (None, e.record.namespace)]
+    return _answer(state, request, entries)
 
 
-def _records(state: State) -> Iterable[Record]:
+def _entries(state: State) -> Iterable[Entry]:
     for session in state.sessions.live:
         if isinstance(session, Live):
-            yield session.record
+            yield Entry(session.record, state.replica, local=True)
+    shared = state.sessions.shared
+    if isinstance(shared, Holders):
+        for lease in shared.holders():
+            remote = _remote(state, lease)
+            if remote is not None:
+                yield remote
 
 
-def _answer(state: State, request: web.Request, records: list[Record]) -> web.Response:
-    records.sort(key=lambda r: (r.namespace, r.name, r.started))
+def _remote(state: State, lease: Mapping[str, Any]) -> Entry | None:
+    """A session another replica serves, from its Lease (None: ours, or not a session's)."""
+    notes = (lease.get("metadata") or {}).get("annotations") or {}
+    spec = lease.get("spec") or {}
+    replica, _, claim = str(spec.get("holderIdentity") or "").partition("/")
+    sub = str(notes.get("subres.dev/subresource") or "")
+    parent = state.config.parent(str(notes.get("subres.dev/resource") or ""))
+    if replica == state.replica or sub not in HOLDERS or parent is None:
+        return None
+    record = Record(
+        subresource=sub,
+        mode=HOLDERS[sub],
+        dialect="",
+        kind=parent.kind,
+        namespace=str(notes.get("subres.dev/namespace") or ""),
+        name=str(notes.get("subres.dev/name") or ""),
+        user=str(notes.get(USER_ANNOTATION) or ""),
+        groups=(),
+        client="",
+        request_id="",
+        id=claim or "0" * 8,
+        started=_micro_time(str(spec.get("acquireTime") or "")),
+    )
+    return Entry(record, replica, local=False)
+
+
+def _micro_time(text: str) -> float:
+    try:
+        moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return time.time()
+    return moment.replace(tzinfo=datetime.UTC).timestamp()
+
+
+def _answer(state: State, request: web.Request, entries: list[Entry]) -> web.Response:
+    entries.sort(key=lambda e: (e.record.namespace, e.record.name, e.record.started))
     group_version = f"{state.config.group}/{state.config.version}"
-    now = time.time()
-    items = [item(state, r, group_version=group_version) for r in records]
+    items = [item(state, e, group_version=group_version) for e in entries]
     if TABLE in request.headers.get("Accept", ""):
-        body = _table(items, records, now=now)
+        body = _table(items, entries, now=time.time())
     else:
         body = {
             "kind": "SessionList",
@@ -91,8 +151,9 @@ def _answer(state: State, request: web.Request, records: list[Record]) -> web.Re
     )
 
 
-def item(state: State, record: Record, *, group_version: str) -> dict[str, Any]:
-    """A `Session` object for `record`."""
+def item(state: State, entry: Entry, *, group_version: str) -> dict[str, Any]:
+    """A `Session` object for `entry`; traffic is null for another replica's session."""
+    record = entry.record
     parent = next((p for p in state.config.parents if p.kind == record.kind), None)
     return {
         "kind": "Session",
@@ -114,14 +175,14 @@ def item(state: State, record: Record, *, group_version: str) -> dict[str, Any]:
         "dialect": record.dialect,
         "clientAddress": record.client,
         "since": rfc3339(record.started),
-        "bytesUp": record.traffic.up,
-        "bytesDown": record.traffic.down,
+        "bytesUp": record.traffic.up if entry.local else None,
+        "bytesDown": record.traffic.down if entry.local else None,
         "recorded": record.recorded,
-        "replica": REPLICA,
+        "replica": entry.replica,
     }
 
 
-def _table(items: list[dict[str, Any]], records: list[Record], *, now: float) -> dict[str, Any]:
+def _table(items: list[dict[str, Any]], entries: list[Entry], *, now: float) -> dict[str, Any]:
     columns = [
         {"name": name, "type": kind, "format": fmt, "description": what, "priority": 0}
         for name, kind, fmt, what in COLUMNS
@@ -130,14 +191,14 @@ def _table(items: list[dict[str, Any]], records: list[Record], *, now: float) ->
         {
             "cells": [
                 obj["metadata"]["name"],
-                r.name,
-                r.subresource,
-                r.mode,
-                r.user,
-                r.client,
-                human_bytes(r.traffic.up),
-                human_bytes(r.traffic.down),
-                human_age(now - r.started),
+                e.record.name,
+                e.record.subresource,
+                e.record.mode,
+                e.record.user,
+                e.record.client or f"(on {e.replica})",
+                human_bytes(e.record.traffic.up) if e.local else "-",
+                human_bytes(e.record.traffic.down) if e.local else "-",
+                human_age(now - e.record.started),
             ],
             "object": {
                 "kind": "PartialObjectMetadata",
@@ -145,7 +206,7 @@ def _table(items: list[dict[str, Any]], records: list[Record], *, now: float) ->
                 "metadata": obj["metadata"],
             },
         }
-        for obj, r in zip(items, records, strict=True)
+        for obj, e in zip(items, entries, strict=True)
     ]
     return {
         "kind": "Table",

@@ -6,6 +6,7 @@ every file has been read and every component constructed.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -69,6 +70,8 @@ class State:
     """Where session start and end lines go (`--session-audit-log`)."""
     events: Events = field(default_factory=NoEvents)
     """Kubernetes Events on parent objects (cluster mode)."""
+    replica: str = field(default_factory=socket.gethostname)
+    """This replica's name (`--replica-name`): in Lease holders, Sessions and Events."""
 
     def __post_init__(self) -> None:
         self.recordings = Recordings(self.config.consoles)

@@ -161,6 +161,10 @@ class SessionLeases:
         """Call `notify(claim, user)` when another replica's session took `claim`'s slot."""
         self._notify = notify
 
+    def holders(self) -> list[Mapping[str, Any]]:
+        """The session Leases with a fresh holder, as last seen (every replica's)."""
+        return [seen.obj for seen in self._seen.values() if self._fresh(seen)]
+
     def held(self, key: SessionKey) -> bool:
         """True while the Lease of `key` has a holder and is fresh, as last seen."""
         seen = self._seen.get(lease_name(key))

@@ -56,3 +56,21 @@ async def test_one_replica_keeps_the_console_and_the_other_takes_over_when_it_st
         assert moved is not None and not moved["spec"]["holderIdentity"].startswith(f"{name}/")
         async with http.ws_connect(url(other, "console"), **as_user(tmp_path, "bob")) as ws:
             await echoes(ws, b"kept elsewhere")
+
+
+async def test_each_replica_lists_the_writer_the_other_one_serves(
+    tmp_path: Path, backend: Backend
+) -> None:
+    async with replicas(tmp_path, backend) as (_, (a, b)), aiohttp.ClientSession() as http:
+        async with http.ws_connect(url(a, "console"), **as_user(tmp_path, "alice")) as ws:
+            await echoes(ws, b"mine")
+            await wait_for(
+                lambda: b.state.sessions.active(SessionKey("machines", "console", "default", "vm"))
+            )
+            sessions = url(b, "sessions").replace("wss://", "https://")
+            async with http.get(sessions, **as_user(tmp_path, "bob")) as r:
+                listing = await r.json()
+        (item,) = listing["items"]
+        assert (item["user"], item["mode"], item["replica"]) == ("alice", "writer", "replica-a")
+        assert (item["bytesUp"], item["clientAddress"]) == (None, "")
+        assert item["since"].endswith("Z")

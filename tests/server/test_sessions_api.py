@@ -48,11 +48,12 @@ async def get(subres: Standalone, path: str, *, accept: str = "application/json"
 async def test_a_machines_sessions_say_who_how_and_how_much(subres: Standalone) -> None:
     async with (
         attached(subres, "vm1", "console", "alice") as alice,
-        attached(subres, "vm1", "console-observe", "bob"),
+        attached(subres, "vm1", "console-observe", "bob") as bob,
         attached(subres, "vm2", "console", "carol"),
     ):
         await alice.send(b"\x00hello")
         assert await asyncio.wait_for(alice.recv(), 5) == b"\x01hello"
+        assert await asyncio.wait_for(bob.recv(), 5) == b"\x01hello"
         path = f"/apis/{GROUP_VERSION}/namespaces/default/machines/vm1/sessions"
         status, body = await get(subres, path)
     assert status == 200
