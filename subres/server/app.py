@@ -39,6 +39,7 @@ document KubeVirt's clients read (`server_version`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 
@@ -131,6 +132,7 @@ def build(state: State) -> web.Application:
     async def on_cleanup(_: web.Application) -> None:
         await state.recordings.stop()
         await state.events.close()
+        await asyncio.to_thread(state.audit.close)
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)

@@ -104,7 +104,7 @@ class Recordings:
         self._task.cancel()
         await asyncio.wait([self._task])
         self._task = None
-        await asyncio.to_thread(self._flush, self._jobs())
+        await asyncio.to_thread(self._flush, self._jobs(), prune=self.directory is not None)
 
     async def _write(self) -> None:
         while True:

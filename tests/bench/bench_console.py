@@ -276,6 +276,8 @@ def server_args(
         *("--config", str(files.root / "config.yaml")),
         *("--secure-port", "0", "--cert-dir", str(files.root / "certs")),
         *("--bind-address", "127.0.0.1"),
+        # Nobody reads the server's stdout: no audit lines there.
+        "--session-audit-log=",
         *files.agent_flags,
     ]
     if variant == "serve":

@@ -57,7 +57,17 @@ def replicas(control_plane: ControlPlane) -> Iterator[tuple[Subres, Subres]]:
                 subresource="console-observe",
             )
         )
-        yield pair
+        try:
+            yield pair
+        finally:
+            # The other modules share the control plane: leave bob and NS as they were.
+            run_sync(cleanup(control_plane))
+
+
+async def cleanup(plane: ControlPlane) -> None:
+    (await plane.kubectl("delete", "rolebinding", "bob-observes", "-n", NS)).check()
+    for name in ("share-vm", "kept-vm"):
+        await plane.kubectl("delete", "machine", name, "-n", NS, "--ignore-not-found")
 
 
 async def can_i(plane: ControlPlane, user: str, subresource: str) -> str:

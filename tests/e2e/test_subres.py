@@ -47,7 +47,11 @@ NS = "e2e-subres"
 """Namespace of the test Machines; group ``subres:users`` (alice) may use their subresources."""
 USERS_GROUP = "subres:users"
 API = f"/apis/{GROUP}/{VERSION}"
-SUBRESOURCES = {"console", "vnc", "screenshot", "portforward"}
+SUBRESOURCES = {
+    *("console", "vnc", "screenshot", "portforward"),
+    *("console-observe", "vnc-observe", "recordings", "sessions"),
+}
+"""The streams, their read-only shares, and the reads of recordings and of who holds what."""
 DISCOVERY_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
 REFLECT_TIMEOUT_S = 15.0
@@ -295,7 +299,7 @@ async def test_apiservice_is_available_and_discovery_lists_the_subresources(
         doc = raw.check().json()
         assert doc["kind"] == "APIResourceList" and doc["groupVersion"] == f"{GROUP}/{VERSION}"
         names = {r["name"] for r in doc["resources"]}
-        assert names == {f"machines/{sub}" for sub in SUBRESOURCES}, names
+        assert names == {f"machines/{sub}" for sub in SUBRESOURCES} | {"sessions"}, names
 
     await asyncio.gather(
         api_versions(),
@@ -327,8 +331,9 @@ async def aggregated_discovery_lists_the_group(plane: ControlPlane) -> None:
             return False
         [version] = ours[0]["versions"]
         assert version["version"] == VERSION
-        [machines] = version["resources"]
-        assert machines["resource"] == "machines"
+        machines, sessions = version["resources"]
+        assert (machines["resource"], sessions["resource"]) == ("machines", "sessions")
+        assert sessions["verbs"] == ["list"]
         verbs = {s["subresource"]: set(s["verbs"]) for s in machines["subresources"]}
         assert set(verbs) == SUBRESOURCES
         # WebSocket upgrades are GETs, SPDY upgrades POSTs (create).
