@@ -152,6 +152,9 @@ class KeptConsole:
         try:
             while chunk := await backend.read():
                 await self.hub.deliver(chunk)
+                # A kept console idles in `read`: holding the last chunk meanwhile would
+                # cost every kept console a read's worth of memory (up to 256 KiB).
+                del chunk
             self.status = "the console's connection ended"
         except (OSError, RuntimeError) as exc:
             self.status = f"the console's connection failed: {exc}"

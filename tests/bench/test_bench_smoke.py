@@ -24,5 +24,5 @@ def test_bench_console_prints_its_tables() -> None:
     assert "| SSH client straight to the SSH echo server |" in out
     assert "console on the SSH echo server (`ssh://`) |" in out
     # Every measured row is present: six paths, two concurrencies, one idle level, three
-    # observer levels, two kept-console states.
-    assert out.count("\n| ") >= 6 + 2 + 1 + 3 + 2
+    # observer levels, three kept-console states.
+    assert out.count("\n| ") >= 6 + 2 + 1 + 3 + 3

@@ -46,6 +46,22 @@ def test_tail_counts_lines_from_the_end_and_an_unfinished_line_counts() -> None:
     assert kept.tail(1) == b"prompt$ ls\r\n"
 
 
+@given(st.lists(st.binary(max_size=40), max_size=80), st.integers(min_value=1, max_value=64))
+def test_the_ring_keeps_exactly_the_newest_bytes(chunks: list[bytes], limit: int) -> None:
+    kept = Scrollback(limit)
+    for chunk in chunks:
+        kept.append(chunk)
+    everything = b"".join(chunks)
+    newest = everything[-limit:] if everything else b""
+    assert len(kept) == len(newest)
+    if b"\n" not in newest:
+        assert kept.tail() == newest
+
+
+def test_an_idle_scrollback_holds_no_ring_yet() -> None:
+    assert Scrollback(1 << 16).tail() == b""
+
+
 def test_one_huge_chunk_keeps_its_end() -> None:
     kept = Scrollback(8)
     kept.append(b"0123456789abcdef")
