@@ -1,6 +1,7 @@
 """Build step for the browser page: its third-party JavaScript from npm.
 
-`package.json` and `package-lock.json` pin xterm.js, its fit addon and noVNC;
+`package.json` and `package-lock.json` pin xterm.js, its fit addon, noVNC and
+asciinema-player (its self-contained bundle: the recordings page);
 `build_py` runs `npm ci` and copies only the files the page loads (with their
 licences) into `subres/web/static/vendor/`. Regular builds write them into the
 build directory, so wheels carry them; editable installs write them into the
@@ -25,6 +26,11 @@ FILES = {
     "addon-fit/addon-fit.mjs": "@xterm/addon-fit/lib/addon-fit.mjs",
     "addon-fit/LICENSE": "@xterm/addon-fit/LICENSE",
     "novnc/LICENSE.txt": "@novnc/novnc/LICENSE.txt",
+    "asciinema-player/asciinema-player.min.js": (
+        "asciinema-player/dist/bundle/asciinema-player.min.js"
+    ),
+    "asciinema-player/asciinema-player.css": "asciinema-player/dist/bundle/asciinema-player.css",
+    "asciinema-player/LICENSE": "asciinema-player/LICENSE",
 }
 TREES = {
     # noVNC's ES modules import pako from ../vendor, so the two keep their layout.

@@ -27,6 +27,7 @@ __all__ = [
     "TRUSTED_PREFIX",
     "Config",
     "ConfigError",
+    "ConsolesSpec",
     "EndpointPolicySpec",
     "InstanceSpec",
     "ParentSpec",
@@ -68,6 +69,10 @@ DEFAULT_SOCKET_DIR = "/run/subres/sockets"
 """The default `socketDirs`: a directory of subres's own, where an operator links or
 mounts the sockets subres may reach (never all of `/run`, which holds container
 runtimes' sockets)."""
+
+
+OPT_IN = ("never", "annotated", "always")
+"""How a console opts in to being kept or recorded."""
 
 
 class ConfigError(ValueError):
@@ -131,6 +136,21 @@ class SubresourceSpec:
     """State rules checked before dialing, in order; the first that fails answers."""
     ssh: SshSpec | None = None
     """SSH login for `ssh://` endpoints (and for portforward, the jump host)."""
+    node_local: bool = False
+    """tcp (and udp) endpoints are on the parent's node: its agent dials them (unix always is)."""
+    keep: str = "annotated"
+    """console: keep its backend connection open while nobody is attached: `never`,
+    `always`, or `annotated` (when the parent carries `consoles.keepAnnotation: "true"`)."""
+    record: str = "annotated"
+    """console: record sessions (when `consoles.recordings.directory` is set): `never`,
+    `always`, or `annotated` (`consoles.recordAnnotation: "true"`)."""
+
+    def opted_in(self, mode: str, obj: Mapping[str, Any], annotation: str) -> bool:
+        """Whether `obj` opts in under `mode` (this spec's `keep` or `record`)."""
+        if mode != "annotated":
+            return mode == "always"
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        return isinstance(annotations, Mapping) and annotations.get(annotation) == "true"
 
 
 @dataclass(frozen=True)
@@ -149,6 +169,9 @@ class ParentSpec:
     instance: InstanceSpec | None = None
     """When set, subresources act on an owned object of another parent kind (a KubeVirt
     VirtualMachine's VirtualMachineInstance); `subresources` then read that object."""
+    node: str = ".status.nodeName"
+    """Field path of the node the machine runs on; its node-local endpoints go through
+    that node's agent. Empty: every endpoint is dialed directly."""
 
     @property
     def api_version(self) -> str:
@@ -211,6 +234,28 @@ class SessionSpec:
     """Seconds a write may wait on a backend that takes no byte before the session ends (1011)."""
     ssh_idle_timeout: float = 60.0
     """Seconds a shared SSH connection stays open after its last session ended."""
+    observer_backlog: int = 1 << 20
+    """Bytes an observer may fall behind a console before it is cut off (close code 4002)."""
+
+
+@dataclass(frozen=True)
+class ConsolesSpec:
+    """Kept and recorded consoles: annotations, bounds and where recordings go."""
+
+    keep_annotation: str = "subres.dev/keep-console"
+    """Annotation that opts a parent in to a kept console (value "true")."""
+    record_annotation: str = "subres.dev/record-console"
+    """Annotation that opts a parent in to recorded console sessions (value "true")."""
+    scrollback: int = 64 * 1024
+    """Bytes of output a kept console keeps for whoever attaches next."""
+    max_kept: int = 1000
+    """Consoles one replica keeps at most; parents past it are not kept (and logged)."""
+    recordings: str = ""
+    """Directory recordings are written to; empty: nothing is recorded."""
+    max_recording_bytes: int = 64 << 20
+    """Size of one recording file before it goes on in a new one."""
+    max_recordings_bytes: int = 1 << 30
+    """Size of all recordings; the oldest files are deleted past it."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +274,7 @@ class Config:
     """Opt-in: backends may be read from outside `.status` (`.spec`, annotations), which
     anyone who may edit a parent object can change. Off, endpoints come from `.status`,
     written through the status subresource that namespace editors do not get."""
+    consoles: ConsolesSpec = ConsolesSpec()
 
     def parent(self, resource: str) -> ParentSpec | None:
         """The parent kind served under `resource`."""
@@ -294,6 +340,7 @@ def parse(data: Any) -> Config:
         "session",
         "serverVersion",
         "endpointsFromSpec",
+        "consoles",
     }
     doc = _mapping(data, "config", keys)
     default = Config()
@@ -309,6 +356,7 @@ def parse(data: Any) -> Config:
         session=_session(doc.get("session", {})),
         server_version=_server_version(doc.get("serverVersion", {})),
         endpoints_from_spec=from_spec,
+        consoles=_consoles(doc.get("consoles", {})),
     )
     resources = [p.resource for p in cfg.parents]
     if not resources or len(set(resources)) != len(resources):
@@ -330,6 +378,12 @@ def _check_trusted(parents: tuple[ParentSpec, ...]) -> None:
     (directly or in a template) must be under `.status`, or be the object's name,
     namespace or uid (which a template may use to pick a socket of its own)."""
     for parent in parents:
+        # The node picks the agent that dials, so an editor must not choose it either.
+        if parent.node and not parent.node.startswith(TRUSTED_PREFIX):
+            raise ConfigError(
+                f"{parent.resource}.node reads {parent.node}, which whoever may edit the "
+                "object can change; use a .status field, or set endpointsFromSpec: true"
+            )
         for sub in parent.subresources.values():
             for source in _backend_sources(sub):
                 for path in _fields_of(source):
@@ -360,7 +414,7 @@ def _fields_of(text: str) -> list[str]:
 
 
 def _parent(data: Any) -> ParentSpec:
-    keys = {"resource", "singular", "kind", "source", "subresources", "instance"}
+    keys = {"resource", "singular", "kind", "source", "subresources", "instance", "node"}
     doc = _mapping(data, "parent", keys)
     resource = _name(doc.get("resource"), "parent.resource", _LABEL)
     source = _mapping(doc.get("source"), f"{resource}.source", {"group", "version", "resource"})
@@ -371,11 +425,10 @@ def _parent(data: Any) -> ParentSpec:
         kind=_name(doc.get("kind"), f"{resource}.kind", _KIND),
         group=_name(source.get("group"), f"{resource}.source.group", _SUBDOMAIN),
         version=_name(source.get("version"), f"{resource}.source.version", _LABEL),
-        crd_resource=_name(
-            source.get("resource", resource), f"{resource}.source.resource", _LABEL
-        ),
+        crd_resource=_name(source.get("resource", resource), f"{resource}.source.resource", _LABEL),
         subresources={name: _subresource(name, spec) for name, spec in subs.items()},
         instance=_instance(doc["instance"], f"{resource}.instance") if "instance" in doc else None,
+        node=_str(doc.get("node", ParentSpec.node), f"{resource}.node"),
     )
 
 
@@ -388,13 +441,20 @@ def _instance(data: Any, what: str) -> InstanceSpec:
 
 
 def _subresource(name: str, data: Any) -> SubresourceSpec:
-    doc = _mapping(data, name, {"endpoint", "address", "ports", "require", "ssh"})
+    keys = {"endpoint", "address", "ports", "require", "ssh", "nodeLocal", "keep", "record"}
+    doc = _mapping(data, name, keys)
+    for key in ("keep", "record"):
+        if key in doc and (name != "console" or doc[key] not in OPT_IN):
+            raise ConfigError(f"{name}.{key}: only console has it, one of {', '.join(OPT_IN)}")
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
     elif "endpoint" not in doc:
         raise ConfigError(f"{name} needs an `endpoint` field path or template")
     ports = _str(doc.get("ports", ""), f"{name}.ports")
+    node_local = doc.get("nodeLocal", False)
+    if not isinstance(node_local, bool):
+        raise ConfigError(f"{name}.nodeLocal must be true or false")
     return SubresourceSpec(
         name=name,
         endpoint=_source(doc.get("endpoint"), f"{name}.endpoint"),
@@ -402,6 +462,9 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         ports=ports if ports == ANY_PORT else _path(ports or None, f"{name}.ports"),
         requires=_requirements(doc.get("require", {}), f"{name}.require"),
         ssh=_ssh(name, doc["ssh"]) if "ssh" in doc else None,
+        node_local=node_local,
+        keep=doc.get("keep", "annotated"),
+        record=doc.get("record", "annotated"),
     )
 
 
@@ -528,6 +591,7 @@ def _session(data: Any) -> SessionSpec:
         "sshIdleTimeout",
         "screenshotMaxPixels",
         "screenshotConcurrency",
+        "observerBacklog",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -553,6 +617,39 @@ def _session(data: Any) -> SessionSpec:
         screenshot_concurrency=_count(
             doc.get("screenshotConcurrency", default.screenshot_concurrency),
             "screenshotConcurrency",
+        ),
+        observer_backlog=int(
+            _positive(doc.get("observerBacklog", default.observer_backlog), "observerBacklog")
+        ),
+    )
+
+
+def _consoles(data: Any) -> ConsolesSpec:
+    keys = {"keepAnnotation", "recordAnnotation", "scrollback", "maxKept", "recordings"}
+    doc = _mapping(data, "consoles", keys)
+    files = _mapping(
+        doc.get("recordings", {}),
+        "consoles.recordings",
+        {"directory", "maxFileBytes", "maxTotalBytes"},
+    )
+    d = ConsolesSpec()
+
+    def size(value: Any, what: str) -> int:
+        return int(_positive(value, f"consoles.{what}"))
+
+    return ConsolesSpec(
+        keep_annotation=_str(doc.get("keepAnnotation", d.keep_annotation), "keepAnnotation"),
+        record_annotation=_str(
+            doc.get("recordAnnotation", d.record_annotation), "recordAnnotation"
+        ),
+        scrollback=size(doc.get("scrollback", d.scrollback), "scrollback"),
+        max_kept=size(doc.get("maxKept", d.max_kept), "maxKept"),
+        recordings=_str(files.get("directory", d.recordings), "recordings.directory"),
+        max_recording_bytes=size(
+            files.get("maxFileBytes", d.max_recording_bytes), "recordings.maxFileBytes"
+        ),
+        max_recordings_bytes=size(
+            files.get("maxTotalBytes", d.max_recordings_bytes), "recordings.maxTotalBytes"
         ),
     )
 

@@ -1,6 +1,6 @@
 """The `subres` command (also `kubectl subres`): one subcommand per verb.
 
-Server-side verbs (`serve`, `certs`, `demo`) and client verbs (`console`, …)
+Server-side verbs (`serve`, `agent`, `certs`, `demo`) and client verbs (`console`, …)
 share the entry point; client verbs live in `subres.cli` and never import the
 server. The command line is parsed twice: first to learn the verb, with no
 verb's flags loaded, then with only that verb's flags, so a client verb never
@@ -71,6 +71,13 @@ _VERBS = (
         None,
         "subres.server.options:add_arguments",
         _serve,
+    ),
+    _Verb(
+        "agent",
+        "run the node agent that relays to node-local sockets",
+        None,
+        "subres.agent.options:add_arguments",
+        "subres.agent.run:main",
     ),
     _Verb(
         "certs",
@@ -149,7 +156,7 @@ def _configure_logging(ns: argparse.Namespace) -> None:
     import logging
 
     level = {0: logging.WARNING, 1: logging.INFO}.get(ns.verbose, logging.DEBUG)
-    if ns.verb in ("serve", "demo"):
+    if ns.verb in ("serve", "demo", "agent"):
         from subres.server import logs
 
         logs.configure(level=min(level, logging.INFO), logging_format=ns.logging_format)

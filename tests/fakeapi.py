@@ -1,9 +1,11 @@
 """A small fake kube-apiserver on 127.0.0.1 over HTTPS, for cluster-mode tests.
 
-Answers list and watch of Machines, the authentication ConfigMap, TokenReview
-and SubjectAccessReview with the real JSON shapes, and counts every call.
-Tests steer it: add, change and delete objects, expire resource versions
-(410 Gone), send bookmarks, fail calls, hold TokenReviews at a gate.
+Answers list and watch of Machines, the authentication ConfigMap, TokenReview,
+SubjectAccessReview and Event creation with the real JSON shapes, and Leases
+as kube-apiserver keeps them (create, conditional replace and delete, list
+and watch by label), and counts every call. Tests steer it: add, change and
+delete objects, expire resource versions (410 Gone), send bookmarks, fail
+calls, hold TokenReviews at a gate.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ CONFIGMAPS = "/api/v1/namespaces/kube-system/configmaps"
 CONFIGMAP = f"{CONFIGMAPS}/extension-apiserver-authentication"
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 SARS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+EVENTS = "/api/v1/namespaces/{namespace}/events"
 
 Json = dict[str, Any]
 
@@ -58,6 +62,9 @@ class FakeApiServer:
     rv: int = 100
     machines: Collection = field(default_factory=Collection)
     configmaps: Collection = field(default_factory=Collection)
+    leases: Collection = field(default_factory=Collection)
+    lease_error: int = 0
+    """When set, Lease writes answer this status."""
     configmap_error: int = 0
     fail_lists: int = 0
     watch_versions: list[str] = field(default_factory=list)
@@ -68,12 +75,20 @@ class FakeApiServer:
     allow: Callable[[Json], bool] = lambda spec: False
     sar_error: bool = False
     sar_specs: list[Json] = field(default_factory=list)
+    events: list[Json] = field(default_factory=list)
+    """Events created, in order, with the namespace of their URL in `metadata`."""
+    event_error: int = 0
+    """Answer Event creations with this status instead."""
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     port: int = 0
     ca: Path = Path()
     _runner: web.AppRunner | None = None
 
     # --- steering -------------------------------------------------------------------------
+
+    def lease(self, namespace: str, name: str) -> Json | None:
+        """The stored Lease, or None."""
+        return self.leases.objects.get((namespace, name))
 
     async def put(self, obj: Json, *, configmap: bool = False) -> None:
         """Add or change an object (ADDED or MODIFIED)."""
@@ -164,10 +179,16 @@ class FakeApiServer:
         app.router.add_get(CONFIGMAP, self._configmap)
         app.router.add_post(TOKENREVIEWS, self._tokenreview)
         app.router.add_post(SARS, self._sar)
+        app.router.add_get(LEASES, functools.partial(self._collection, coll=self.leases))
+        app.router.add_post(LEASES, self._create_lease)
+        app.router.add_get(LEASES + "/{name}", self._read_lease)
+        app.router.add_put(LEASES + "/{name}", self._replace_lease)
+        app.router.add_delete(LEASES + "/{name}", self._delete_lease)
+        app.router.add_post(EVENTS, self._event)
         return app
 
     async def _collection(self, request: web.Request, *, coll: Collection) -> Any:
-        name = "machines" if coll is self.machines else "cm"
+        name = {id(self.machines): "machines", id(self.leases): "leases"}.get(id(coll), "cm")
         if request.query.get("watch") in ("true", "1", "True"):
             return await self._watch(request, coll, name)
         await self._count(f"list:{name}")
@@ -180,7 +201,8 @@ class FakeApiServer:
         items = [
             o
             for o in coll.objects.values()
-            if not selector or selector == f"metadata.name={o['metadata']['name']}"
+            if (not selector or selector == f"metadata.name={o['metadata']['name']}")
+            and _selected(request, o)
         ]
         return web.json_response(
             {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}}
@@ -202,15 +224,16 @@ class FakeApiServer:
             return response
         self.open_watches += 1
         try:
-            await self._stream(response, coll, version, int(request.query["timeoutSeconds"]))
+            await self._stream(request, response, coll, version)
         finally:
             self.open_watches -= 1
             await self._bump("watch-closed")
         return response
 
     async def _stream(
-        self, response: web.StreamResponse, coll: Collection, version: int, seconds: int
+        self, request: web.Request, response: web.StreamResponse, coll: Collection, version: int
     ) -> None:
+        seconds = int(request.query["timeoutSeconds"])
         sent = version
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
@@ -225,9 +248,59 @@ class FakeApiServer:
                                 return
                             continue
                     for rv, kind, obj in pending:
+                        if not _selected(request, obj):
+                            sent = rv
+                            continue
                         line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
                         await response.write(line)
                         sent = rv
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        await self._count("lease:create")
+        key = (request.match_info["namespace"], obj["metadata"]["name"])
+        if self.lease_error:
+            return _status(self.lease_error, "leases is forbidden", "Forbidden")
+        if key in self.leases.objects:
+            return _status(409, f'leases "{key[1]}" already exists', "AlreadyExists")
+        obj["metadata"]["namespace"] = key[0]
+        await self._record(self.leases, "ADDED", obj, key)
+        return web.json_response(self.leases.objects[key], status=201)
+
+    async def _read_lease(self, request: web.Request) -> web.Response:
+        await self._count("lease:read")
+        current = self.lease(request.match_info["namespace"], request.match_info["name"])
+        if current is None:
+            return _status(404, "not found", "NotFound")
+        return web.json_response(current)
+
+    async def _replace_lease(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        await self._count("lease:replace")
+        key = (request.match_info["namespace"], request.match_info["name"])
+        if self.lease_error:
+            return _status(self.lease_error, "leases is forbidden", "Forbidden")
+        current = self.leases.objects.get(key)
+        if current is None:
+            return _status(404, "not found", "NotFound")
+        wanted = obj["metadata"].get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            return _status(409, "the object has been modified", "Conflict")
+        await self._record(self.leases, "MODIFIED", obj, key)
+        return web.json_response(self.leases.objects[key])
+
+    async def _delete_lease(self, request: web.Request) -> web.Response:
+        options = await request.json() if request.can_read_body else {}
+        await self._count("lease:delete")
+        key = (request.match_info["namespace"], request.match_info["name"])
+        current = self.leases.objects.get(key)
+        if current is None:
+            return _status(404, "not found", "NotFound")
+        wanted = (options.get("preconditions") or {}).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            return _status(409, "precondition failed", "Conflict")
+        await self._record(self.leases, "DELETED", current, key)
+        return web.json_response({"kind": "Status", "status": "Success"})
 
     async def _configmap(self, request: web.Request) -> web.Response:
         await self._count("get:cm")
@@ -259,6 +332,24 @@ class FakeApiServer:
         allowed = self.allow(review["spec"])
         status = {"allowed": allowed} | ({} if allowed else {"reason": "no RBAC policy matched"})
         return web.json_response(review | {"status": status}, status=201)
+
+    async def _event(self, request: web.Request) -> web.Response:
+        event = await request.json()
+        await self._count("event")
+        if self.event_error:
+            return _status(self.event_error, "events is forbidden", "Forbidden")
+        event["metadata"]["namespace"] = request.match_info["namespace"]
+        async with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
+        return web.json_response(event, status=201)
+
+
+def _selected(request: web.Request, obj: Json) -> bool:
+    """Whether `obj` matches the request's equality-based label selector."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    wanted = [p.split("=", 1) for p in request.query.get("labelSelector", "").split(",") if p]
+    return all(labels.get(k) == v for k, v in wanted)
 
 
 @contextlib.asynccontextmanager

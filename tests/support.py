@@ -1,18 +1,23 @@
 """Test support: a standalone subres on loopback, and real backends to dial.
 
 Everything here runs real code on 127.0.0.1: the server is the real aiohttp
-application behind TLS; backends are real sockets that count connections.
+application behind TLS, in this process (`start_standalone`) or as a real
+`subres serve` child (`serve_process`); backends are real sockets that count
+connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import ssl
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,25 +28,33 @@ import websockets
 import yaml
 from websockets.asyncio.client import connect
 
-from subres.server import certs, connections
+from subres.server import certs
 from subres.server.options import Options
 from subres.server.run import Server, complete
 
 __all__ = [
     "GROUP_VERSION",
     "LOOPBACK_POLICY",
+    "OTHER_USERS",
     "Backend",
+    "ServeProcess",
     "Standalone",
     "end_process",
     "free_port",
     "machine",
+    "node_local_config",
     "open_fds",
     "relay_to_unix",
+    "serve_process",
     "start_standalone",
     "wait_for",
 ]
 
 GROUP_VERSION = "subresources.subres.dev/v1alpha1"
+SERVE_START_TIMEOUT = 60.0
+"""Seconds a `subres serve` child may take to listen on a busy machine."""
+OTHER_USERS = ("bob", "carol")
+"""Users besides alice that a standalone test server knows (group devs)."""
 
 LOOPBACK_POLICY: dict[str, Any] = {"allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
 """An endpoint policy for backends on 127.0.0.0/8 (and nothing else)."""
@@ -54,19 +67,48 @@ def machine(
     phase: str = "Running",
     spec: dict[str, Any] | None = None,
     status: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Machine object; its console is in `.status`, where subres reads backends by
     default; `spec` and `status` add to what the other arguments say."""
     body: dict[str, Any] = {}
     if console is not None:
         body["console"] = {"endpoint": console}
+    meta: dict[str, Any] = {"name": name, "namespace": "default"}
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": meta,
         "spec": spec or {},
         "status": {"phase": phase, **body, **(status or {})},
     }
+
+
+def node_local_config(*node_local: str) -> dict[str, Any]:
+    """A --config `parents` entry for Machines whose `node_local` subresources' tcp
+    endpoints are on the machine's node (dialed by its agent)."""
+    endpoints = {"endpoint": ".status.console.endpoint"}
+    display = {"endpoint": ".status.vnc.endpoint"}
+    subresources: dict[str, dict[str, Any]] = {
+        "console": endpoints,
+        "vnc": display,
+        "screenshot": dict(display),
+        "portforward": {
+            "address": ".status.portForward.address",
+            "ports": ".status.portForward.ports",
+        },
+    }
+    for name in node_local:
+        subresources[name] = {**subresources[name], "nodeLocal": True}
+    machines = {
+        "resource": "machines",
+        "kind": "Machine",
+        "source": {"group": "subres.dev", "version": "v1alpha1", "resource": "machines"},
+        "subresources": subresources,
+    }
+    return {"parents": [machines]}
 
 
 @dataclass
@@ -171,6 +213,8 @@ class Standalone:
     client_ssl: ssl.SSLContext
     machines: Path
     client_ca: certs.KeyPair
+    tokens: dict[str, str] = field(default_factory=dict)
+    """Token of each further user (`OTHER_USERS`), by name."""
 
     @property
     def base(self) -> str:
@@ -188,12 +232,14 @@ class Standalone:
             path = f"/apis/{cfg.group}/{cfg.version}/namespaces/default/{path}"
         return f"{scheme}://127.0.0.1:{self.server.port}{path}"
 
-    def websocket(self, url: str, *protocols: str, close_timeout: float = 10) -> connect:
-        """A `websockets` client of `url` as the test user, offering `protocols`, no compression."""
+    def websocket(
+        self, url: str, *protocols: str, close_timeout: float = 10, user: str = "alice"
+    ) -> connect:
+        """A `websockets` client of `url` as `user`, offering `protocols`, no compression."""
         return connect(
             url,
             ssl=self.client_ssl,
-            additional_headers=self.auth,
+            additional_headers=self.auth_as(user),
             subprotocols=[websockets.Subprotocol(p) for p in protocols] or None,
             compression=None,
             max_size=None,
@@ -226,6 +272,17 @@ class Standalone:
     def auth(self) -> dict[str, str]:
         """The Authorization header of the test user."""
         return {"Authorization": f"Bearer {self.token}"}
+
+    def audit_lines(self) -> list[dict[str, Any]]:
+        """The session audit lines written so far, parsed."""
+        path = self.dir / "audit.jsonl"
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text.splitlines()]
+
+    def auth_as(self, user: str) -> dict[str, str]:
+        """The Authorization header of `user`: alice (the test user) or one of `OTHER_USERS`."""
+        token = self.token if user == "alice" else self.tokens[user]
+        return {"Authorization": f"Bearer {token}"}
 
     def write_machines(self, *objects: dict[str, Any]) -> None:
         """Replace the machines file and load it now."""
@@ -270,19 +327,21 @@ async def start_standalone(
     session: dict[str, Any] | None = None,
     policy: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
-    limits: connections.Limits | None = None,
+    options: dict[str, Any] | None = None,
 ) -> AsyncIterator[Standalone]:
     """Start a standalone server with `objects`; stop it afterwards.
 
     Its endpoint policy (unless `policy` replaces it) allows loopback, which the
     default policy denies, because the tests' backends listen there, and `tmp`'s
     sockets. `config` replaces top-level keys of the test configuration (a 2 s
-    connect timeout), e.g. `group`, `version` and `parents` of a profile.
-    `limits` replaces the connection timeouts and cap (`--tls-handshake-timeout` and the
-    like).
+    connect timeout), e.g. `group`, `version` and `parents` of a profile;
+    `options` replaces flags.
     """
     token = "test-token-" + os.urandom(8).hex()
-    (tmp / "tokens.csv").write_text(f'{token},alice,alice-uid,"devs,ops"\n')
+    others = {user: f"{user}-token-" + os.urandom(8).hex() for user in OTHER_USERS}
+    lines = [f'{token},alice,alice-uid,"devs,ops"']
+    lines += [f"{t},{user},{user}-uid,devs" for user, t in others.items()]
+    (tmp / "tokens.csv").write_text("\n".join(lines) + "\n")
     client_ca = certs.generate_ca("test-client-ca")
     client_ca.write(tmp / "client-ca.crt", tmp / "client-ca.key")
     settings = {
@@ -293,7 +352,7 @@ async def start_standalone(
     (tmp / "config.yaml").write_text(yaml.safe_dump(settings))
     machines = tmp / "machines.yaml"
     machines.write_text(yaml.safe_dump_all(list(objects)))
-    options = Options(
+    flags = Options(
         secure_port=0,
         bind_address="127.0.0.1",
         cert_dir=tmp / "certs",
@@ -307,9 +366,9 @@ async def start_standalone(
         service_namespace="subres-system",
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
         shutdown_grace=1.0,
-        connections=limits or connections.Limits(),
+        session_audit_log=str(tmp / "audit.jsonl"),
     )
-    server = complete(options)
+    server = complete(dataclasses.replace(flags, **(options or {})))
     await server.start()
     ca = tmp / "certs" / "ca.crt"
     try:
@@ -321,9 +380,89 @@ async def start_standalone(
             client_ssl=ssl.create_default_context(cafile=str(ca)),
             machines=machines,
             client_ca=client_ca,
+            tokens=others,
         )
     finally:
         await server.stop()
+
+
+@dataclass
+class ServeProcess:
+    """A `subres serve --standalone` child process and what a client needs to reach it."""
+
+    proc: asyncio.subprocess.Process
+    dir: Path
+    token: str
+    port: int = 0
+    log: list[str] = field(default_factory=list)
+    _reader: asyncio.Task[None] | None = None
+
+    @property
+    def base(self) -> str:
+        """`https://127.0.0.1:PORT`."""
+        return f"https://127.0.0.1:{self.port}"
+
+    def ssl(self) -> ssl.SSLContext:
+        """A client context that trusts the server's CA."""
+        return ssl.create_default_context(cafile=str(self.dir / "certs" / "ca.crt"))
+
+    def console(self, name: str) -> str:
+        """The console URL of Machine default/`name`."""
+        return f"{self.base}/apis/{GROUP_VERSION}/namespaces/default/machines/{name}/console"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The Authorization header of the test user."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def _read_log(self, ready: asyncio.Future[int]) -> None:
+        """Keep the log (stderr) drained, and say which port the server bound."""
+        assert self.proc.stderr is not None
+        while line := (await self.proc.stderr.readline()).decode(errors="replace"):
+            self.log.append(line)
+            found = re.search(r"serving on https://127\.0\.0\.1:(\d+)", line)
+            if found and not ready.done():
+                ready.set_result(int(found.group(1)))
+
+
+@contextlib.asynccontextmanager
+async def serve_process(
+    tmp: Path, *objects: dict[str, Any], delay: float, grace: float, port: int = 0
+) -> AsyncIterator[ServeProcess]:
+    """Run the real server in a child process on `port` (0: any), with `objects`.
+
+    A second server started on the same `tmp` reuses its certificates and
+    token, as a restarted or another replica would. A server still running
+    at the end is killed by PID.
+    """
+    tokens = tmp / "tokens.csv"
+    if not tokens.exists():
+        tokens.write_text(f'{os.urandom(8).hex()},alice,alice-uid,"devs"\n')
+    token = tokens.read_text().split(",", 1)[0]
+    (tmp / "machines.yaml").write_text(yaml.safe_dump_all(list(objects)))
+    config = {"endpointPolicy": LOOPBACK_POLICY}
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    certs.ensure_self_signed(tmp / "certs", service="subres", namespace="subres-system")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "subres", "serve", "--standalone", str(tmp / "machines.yaml"),
+        "--token-auth-file", str(tokens), "--config", str(tmp / "config.yaml"),
+        "--cert-dir", str(tmp / "certs"), "--bind-address", "127.0.0.1",
+        f"--secure-port={port}", f"--shutdown-delay={delay}s", f"--shutdown-grace={grace}s",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    server = ServeProcess(proc, tmp, token)
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    server._reader = asyncio.create_task(server._read_log(ready))
+    try:
+        async with asyncio.timeout(SERVE_START_TIMEOUT):
+            server.port = await ready
+        yield server
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await asyncio.wait([server._reader], timeout=5)
 
 
 async def end_process(

@@ -22,6 +22,9 @@ def test_defaults_serve_machines() -> None:
         ".status.portForward.ports",
     )
     assert not cfg.endpoints_from_spec
+    # Node-local: unix sockets of a Machine that names its node; tcp only when marked.
+    assert machines.node == ".status.nodeName"
+    assert not any(s.node_local for s in machines.subresources.values())
 
 
 def test_full_file() -> None:
@@ -34,10 +37,12 @@ def test_full_file() -> None:
                     "resource": "hosts",
                     "kind": "BareMetalHost",
                     "source": {"group": "metal3.io", "version": "v1alpha1"},
+                    "node": ".status.consumerNode",
                     "subresources": {
                         "console": {
                             "endpoint": ".status.console",
                             "require": {".status.state": ["provisioned", "ready"]},
+                            "nodeLocal": True,
                         }
                     },
                 }
@@ -50,6 +55,7 @@ def test_full_file() -> None:
     assert hosts is not None and hosts.singular == "host" and hosts.crd_resource == "hosts"
     rule = hosts.subresources["console"].requires[0]
     assert rule == config.Requirement(".status.state", ("provisioned", "ready"))
+    assert hosts.node == ".status.consumerNode" and hosts.subresources["console"].node_local
     assert cfg.session.ping_interval == 30 and cfg.session.read_size == 65536
     assert cfg.policy.socket_dirs == ()
 
@@ -79,6 +85,19 @@ def test_full_file() -> None:
                 ]
             },
             "portforward needs",
+        ),
+        (
+            {
+                "parents": [
+                    {
+                        "resource": "x",
+                        "kind": "X",
+                        "source": {"group": "g", "version": "v"},
+                        "subresources": {"console": {"endpoint": ".a", "nodeLocal": "yes"}},
+                    }
+                ]
+            },
+            "console.nodeLocal must be true or false",
         ),
     ],
 )
@@ -226,6 +245,14 @@ def test_endpoints_outside_status_need_the_opt_in(path: str) -> None:
     cfg = config.parse({"parents": [parent_reading(path)], "endpointsFromSpec": True})
     hosts = cfg.parent("hosts")
     assert hosts is not None and hosts.subresources["console"].endpoint == path
+
+
+def test_the_node_that_picks_the_agent_is_trusted_too() -> None:
+    data = {"parents": [dict(parent_reading(".status.console"), node=".spec.node")]}
+    with pytest.raises(config.ConfigError, match="hosts.node reads .spec.node"):
+        config.parse(data)
+    hosts = config.parse({**data, "endpointsFromSpec": True}).parent("hosts")
+    assert hosts is not None and hosts.node == ".spec.node"
 
 
 def test_opt_in_makes_the_default_machine_read_spec() -> None:

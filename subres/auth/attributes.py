@@ -2,10 +2,13 @@
 
 Follows kube-apiserver's RequestInfo rules: `/apis/{group}/{version}/namespaces/
 {ns}/{resource}/{name}/{subresource}/…`; everything else is a non-resource path.
+A GET that names no object is a `list`, or a `watch` when `?watch=` says so,
+exactly as kube-apiserver authorized it before proxying the request here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["Attributes", "from_request"]
@@ -44,8 +47,8 @@ class Attributes:
         return f'{self.verb} resource "{what}" in API group "{self.group}"{where}'
 
 
-def from_request(method: str, path: str) -> Attributes:
-    """Attributes of `method path`."""
+def from_request(method: str, path: str, query: Mapping[str, str] | None = None) -> Attributes:
+    """Attributes of `method path?query`."""
     verb = VERBS.get(method.upper(), method.lower())
     parts = [p for p in path.split("/") if p]
     if len(parts) < 4 or parts[0] != "apis":
@@ -55,8 +58,9 @@ def from_request(method: str, path: str) -> Attributes:
     if rest[0] == "namespaces" and len(rest) >= 3:
         namespace, rest = rest[1], rest[2:]
     name = rest[1] if len(rest) > 1 else ""
-    if verb == "get" and not name:
-        verb = "list"  # as kube-apiserver's RequestInfo: a GET of a collection lists it
+    if not name and verb == "get":
+        watch = (query or {}).get("watch")
+        verb = "watch" if watch is not None and watch.lower() not in ("false", "0") else "list"
     return Attributes(
         verb=verb,
         path=path,

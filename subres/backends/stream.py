@@ -37,6 +37,9 @@ _NO_LINGER = struct.pack("ii", 1, 0)
 class BackendUnavailable(Exception):
     """The backend could not be reached; the message says why."""
 
+    code = 503
+    """The HTTP status to answer with (a node agent may refuse with 403 or fail with 502)."""
+
 
 class BackendStalled(ConnectionError):
     """The backend took none of what was written to it for too long."""

@@ -55,6 +55,8 @@ __all__ = [
 
 DEFAULT_TYPES = ("machines", "machine")
 """The default parent's plural and singular: types known without asking the server."""
+STREAMS = frozenset({"console", "vnc", "screenshot", "portforward"})
+"""The subresources whose parents the verbs open."""
 T = TypeVar("T")
 OPEN_TIMEOUT = 30.0
 MAX_DISCOVERY = 4 << 20
@@ -209,8 +211,10 @@ async def _discovered_types(config: ClientConfig, group_version: str) -> dict[st
     for resource in json_object(body).get("resources") or []:
         if not isinstance(resource, dict):
             continue
-        plural = str(resource.get("name") or "").partition("/")[0]
-        if plural:
+        plural, _, sub = str(resource.get("name") or "").partition("/")
+        # Types are the parents of the streams; `machines/sessions` answers a
+        # SessionList and `sessions` is no parent: their kinds name no type.
+        if plural and sub in STREAMS:
             types[plural] = plural
             if kind := str(resource.get("kind") or "").lower():
                 types.setdefault(kind, plural)
@@ -224,11 +228,15 @@ async def get(
     max_body: int,
     target: Target | None = None,
     request_timeout: float = OPEN_TIMEOUT,
+    accept: str | None = None,
+    sink: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> bytes:
-    """The body of a GET of `url` with the kubeconfig's credentials.
+    """The body of a GET of `url` with the kubeconfig's credentials (and `accept`).
 
     `ServerError` for any answer but 200 (with `target`'s hint on a 404),
     `CommandError` for a body over `max_body` bytes, `Unreachable` as for `connect`.
+    With `sink`, a 200 answer's body goes to it as it arrives, unbounded, and
+    b"" is returned.
     """
     import aiohttp
 
@@ -239,12 +247,16 @@ async def get(
             aiohttp.ClientSession(timeout=timeout, trust_env=config.proxy is None) as http,
             http.get(
                 url,
-                headers=dict(headers),
+                headers={**headers, **({"Accept": accept} if accept else {})},
                 ssl=config.ssl if config.ssl is not None else True,
                 server_hostname=config.server_hostname,
                 proxy=config.proxy,
             ) as response,
         ):
+            if response.status == 200 and sink is not None:
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    await sink(chunk)
+                return b""
             body = bytearray()
             async for chunk in response.content.iter_chunked(1 << 16):
                 body += chunk

@@ -128,6 +128,16 @@ def _group_version(parser: argparse.ArgumentParser) -> None:
 # verbs' declarations look alike, only argparse's shape repeats, not a flag.
 
 
+def _no_reconnect(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-reconnect",
+        dest="reconnect",
+        action="store_false",
+        help="exit when the server goes away (close code 1001, a replica shutting down) or "
+        "the connection is lost, instead of connecting again (for up to a minute)",
+    )
+
+
 def _listen_address(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--address", default="127.0.0.1", help="local address to listen on (default 127.0.0.1)"
@@ -143,6 +153,18 @@ def _console(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="keep retrying this long while the machine is not running or its console "
         "is unavailable (e.g. 30s, 5m; default 0: no retry)",
+    )
+    _no_reconnect(parser)
+    parser.add_argument(
+        "--observe",
+        action="store_true",
+        help="watch read-only (console-observe): see what the writer sees; typing does nothing",
+    )
+    parser.add_argument(
+        "--tail",
+        type=int,
+        metavar="LINES",
+        help="of a kept console's scrollback, replay only the last LINES lines",
     )
     _group_version(parser)
 
@@ -170,6 +192,7 @@ def _port_forward(parser: argparse.ArgumentParser) -> None:
         help="forward stdin/stdout to the one port given (for ssh -o ProxyCommand)",
     )
     parser.add_argument("--transport", choices=TRANSPORTS, default="websocket", help=TRANSPORT_HELP)
+    _no_reconnect(parser)
     _group_version(parser)
 
 
@@ -189,6 +212,12 @@ def _vnc(parser: argparse.ArgumentParser) -> None:
         metavar="CMD",
         help="viewer command, with {address} and {port} filled in "
         "(default: remote-viewer, else vncviewer)",
+    )
+    parser.add_argument(
+        "--view-only",
+        action="store_true",
+        help="watch the display (vnc-observe): keys and pointer go nowhere; "
+        "whoever is viewing interactively stays",
     )
     _group_version(parser)
 
@@ -210,6 +239,42 @@ def _web(parser: argparse.ArgumentParser) -> None:
     )
     _listen_address(parser)
     _group_version(parser)
+
+
+def _sessions(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target", metavar=TARGET, nargs="?", help="one machine (default: the whole namespace)"
+    )
+    parser.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="the sessions of every namespace"
+    )
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="how to print them"
+    )
+    _group_version(parser)
+
+
+def _recordings(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar=TARGET, help="the machine whose recordings to read")
+    parser.add_argument("name", nargs="?", help="the recording to save (default: list them)")
+    parser.add_argument(
+        "-o", "--output", metavar="FILE", help="where to save it (default: its name; - for stdout)"
+    )
+    _group_version(parser)
+
+
+def _replay(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="an asciicast recording (- for stdin)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="play this many times faster (default 1)"
+    )
+    parser.add_argument(
+        "--idle-time-limit",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="shorten longer pauses to this (default 2)",
+    )
 
 
 VERBS = (
@@ -249,6 +314,29 @@ VERBS = (
         "your kubeconfig's credentials, which the browser never sees.",
         _web,
         "subres.cli.web",
+    ),
+    Verb(
+        "sessions",
+        "list who holds which console and display, as kubectl get does",
+        "List the live sessions of a machine, of the namespace or of every namespace: "
+        "user, mode (writer, observer, viewer), client, bytes each way, age.",
+        _sessions,
+        "subres.cli.sessions",
+    ),
+    Verb(
+        "recordings",
+        "list a machine's recorded console sessions, or save one",
+        "List the recorded console sessions of a machine, or save one to a file "
+        "(play it with subres replay).",
+        _recordings,
+        "subres.cli.recordings",
+    ),
+    Verb(
+        "replay",
+        "play a recorded console session in the terminal",
+        "Play an asciicast v2 recording (from subres recordings) at its own pace.",
+        _replay,
+        "subres.cli.replay",
     ),
 )
 """The client verbs, in the order `subres --help` lists them."""

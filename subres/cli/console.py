@@ -4,13 +4,17 @@ Owns the verb's flags, the WebSocket connection to the `console` subresource
 (Kubernetes channel subprotocols v5 then v4, retried while the machine is not
 running), and the session: stdin up, stdout and stderr down, the terminal size
 on the resize channel, Ctrl+] to leave, and the exit code from how the server
-ended the session.
+ended the session. When the server goes away (1001) or the connection is
+lost, it connects again by itself and says so (`subres.cli.reconnect`).
+`--observe` watches through `console-observe` instead: stdin only ever
+looks for Ctrl+].
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -21,7 +25,7 @@ from typing import BinaryIO
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from subres.cli import api, kubeconfig, terminal
+from subres.cli import api, kubeconfig, reconnect, terminal
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.protocol import channels
@@ -39,8 +43,6 @@ MAX_MESSAGE = 4 * 1024 * 1024
 CLOSE_TIMEOUT = 2.0
 RETRY_CODES = frozenset({409, 503})
 """Not running yet, backend not reachable yet: worth waiting for with `--timeout`."""
-FIRST_BACKOFF = 0.5
-MAX_BACKOFF = 5.0
 NORMAL_CLOSURE = 1000
 
 
@@ -58,52 +60,94 @@ async def _console(
     target = await api.resolve(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
-    address = api.object_url(config, target, group_version=group_version) + "/console"
+    sub = "console-observe" if ns.observe else "console"
+    query = f"?tail={ns.tail}" if ns.tail is not None else ""
+    address = api.object_url(config, target, group_version=group_version) + f"/{sub}{query}"
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
-    try:
-        dialect = channels.negotiate([ws.subprotocol or ""], SUBPROTOCOLS)
-        if dialect is None:
-            raise CommandError(f"the server agreed to none of {', '.join(SUBPROTOCOLS)}")
-        fd = sys.stdin.fileno()
-        if not os.isatty(fd):
-            return await _Session(ws, dialect, fd=fd, interactive=False).run()
-        print(f"Connected to {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
-        with terminal.raw_mode(fd):
-            return await _Session(ws, dialect, fd=fd, interactive=True).run()
-    finally:
-        await ws.close()
+    fd = sys.stdin.fileno()
+    interactive = os.isatty(fd)
+    if interactive:
+        how = "Observing (read-only)" if ns.observe else "Connected to"
+        print(f"{how} {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
+    loop = asyncio.get_running_loop()
+    pacing = reconnect.Pacing()
+    with terminal.raw_mode(fd) if interactive else contextlib.nullcontext():
+        while True:
+            started = loop.time()
+            try:
+                session = _Session(
+                    ws, _dialect(ws), fd=fd, interactive=interactive, observe=ns.observe
+                )
+                code = await session.run(may_reconnect=ns.reconnect)
+            finally:
+                await ws.close()
+            if code is not None:
+                return code
+            _say(f"{target}: {session.dropped}; reconnecting", interactive=interactive)
+            left = await pacing.next(lasted=loop.time() - started)
+            if left <= 0:
+                raise CommandError(f"{target}: {session.dropped}; gave up reconnecting")
+            ws = await _reconnect(config, address=address, target=target, within=left)
+            _say(f"Reconnected to {target}.", interactive=interactive)
+
+
+def _dialect(ws: ClientConnection) -> Dialect:
+    dialect = channels.negotiate([ws.subprotocol or ""], SUBPROTOCOLS)
+    if dialect is None:
+        raise CommandError(f"the server agreed to none of {', '.join(SUBPROTOCOLS)}")
+    return dialect
+
+
+def _say(line: str, *, interactive: bool) -> None:
+    # A raw-mode terminal does not return the carriage on a newline.
+    end = "\r\n" if interactive else "\n"
+    print(line, end=end, file=sys.stderr, flush=True)
 
 
 async def _connect(
     config: ClientConfig, *, address: str, target: Target, retry_for: float
 ) -> ClientConnection:
     """Open the WebSocket; retry 409 and 503 answers with backoff for `retry_for` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + retry_for
-    delay = FIRST_BACKOFF
-    announced = False
-    while True:
-        try:
-            return await api.connect(
-                config,
-                address,
-                target=target,
-                subprotocols=SUBPROTOCOLS,
-                max_size=MAX_MESSAGE,
-                close_timeout=CLOSE_TIMEOUT,
-            )
-        except ServerError as exc:
-            remaining = deadline - loop.time()
-            if exc.code in RETRY_CODES and retry_for == 0 and not exc.hint:
-                exc.hint = "hint: --timeout 5m waits for it to become available"
-            if exc.code not in RETRY_CODES or remaining <= 0:
-                raise
-            if not announced:
-                print(f"{target}: {exc.message}; waiting", file=sys.stderr, flush=True)
-                announced = True
-            # Backoff between attempts, not synchronisation: the server has no event to wait on.
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, MAX_BACKOFF)
+
+    def worth_it(exc: CommandError) -> bool:
+        if not isinstance(exc, ServerError) or exc.code not in RETRY_CODES:
+            return False
+        if retry_for == 0 and not exc.hint:
+            exc.hint = "hint: --timeout 5m waits for it to become available"
+        return True
+
+    def waiting(exc: CommandError) -> None:
+        message = exc.message if isinstance(exc, ServerError) else str(exc)
+        print(f"{target}: {message}; waiting", file=sys.stderr, flush=True)
+
+    return await reconnect.retrying(
+        lambda: _open(config, address=address, target=target),
+        within=retry_for,
+        worth_it=worth_it,
+        waiting=waiting,
+    )
+
+
+async def _reconnect(
+    config: ClientConfig, *, address: str, target: Target, within: float
+) -> ClientConnection:
+    """Open the WebSocket again, through a server restarting or another replica."""
+    return await reconnect.retrying(
+        lambda: _open(config, address=address, target=target),
+        within=within,
+        worth_it=reconnect.worth_reconnecting,
+    )
+
+
+async def _open(config: ClientConfig, *, address: str, target: Target) -> ClientConnection:
+    return await api.connect(
+        config,
+        address,
+        target=target,
+        subprotocols=SUBPROTOCOLS,
+        max_size=MAX_MESSAGE,
+        close_timeout=CLOSE_TIMEOUT,
+    )
 
 
 class _Stdin:
@@ -164,18 +208,33 @@ class _Output:
 class _Session:
     """One connected console: pumps both ways and decides the exit code."""
 
-    def __init__(self, ws: ClientConnection, dialect: Dialect, *, fd: int, interactive: bool):
+    def __init__(
+        self,
+        ws: ClientConnection,
+        dialect: Dialect,
+        *,
+        fd: int,
+        interactive: bool,
+        observe: bool = False,
+    ) -> None:
         self._ws = ws
         self._dialect = dialect
         self._fd = fd
         self._interactive = interactive
+        self._observe = observe
         self._stdin = _Stdin(fd)
         self._stdout = _Output(sys.stdout.buffer)
         self._stderr = _Output(sys.stderr.buffer)
         self._status = bytearray()
+        self.dropped = ""
+        """Why the session ended in a way worth reconnecting after (see `run`)."""
 
-    async def run(self) -> int:
-        """Pump until the server closes, or the user escapes or a signal stops us."""
+    async def run(self, *, may_reconnect: bool) -> int | None:
+        """Pump until the server closes, or the user escapes or a signal stops us.
+
+        The exit code; with `may_reconnect`, None when the server went away
+        or the connection was lost (`dropped` says which).
+        """
         stopped = asyncio.Event()
         up = asyncio.create_task(self._up())
         down = asyncio.create_task(self._down())
@@ -193,6 +252,10 @@ class _Session:
                 if stop.done():
                     raise CommandError("stopped by a signal")
                 down.result()
+            if may_reconnect and self._failure() is None:
+                self.dropped = _dropped(self._ws) or ""
+                if self.dropped:
+                    return None
             return self._outcome()
         finally:
             for task in tasks:
@@ -205,10 +268,11 @@ class _Session:
             while data := await self._stdin.read():
                 if self._interactive and ESCAPE in data:
                     before = data[: data.index(ESCAPE)]
-                    if before:
+                    if before and not self._observe:
                         await self._send(channels.STDIN, before)
                     return True
-                await self._send(channels.STDIN, data)
+                if not self._observe:
+                    await self._send(channels.STDIN, data)
             if self._dialect.close_signal:
                 await self._ws.send(bytes((channels.CLOSE_SIGNAL, channels.STDIN)))
         except ConnectionClosed:
@@ -282,3 +346,7 @@ class _Session:
         if status.get("status") == "Success":
             return None
         return str(status.get("message") or status.get("reason") or "the session failed")
+
+
+def _dropped(ws: ClientConnection) -> str | None:
+    return reconnect.dropped(ws.close_code, ws.close_reason)

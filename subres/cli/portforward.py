@@ -15,11 +15,16 @@ credentials, the machine, its state and that it allows every port asked for
 default, is 127.0.0.1 and ::1, one `Forwarding from` line each) before the
 first connection arrives.
 
-`--transport spdy` and `--transport tunnel` speak what kubectl speaks: every
-connection is a pair of streams (`error`, `data`) multiplexed on ONE SPDY/3.1
-connection, upgraded from HTTP/1.1 or tunnelled in a WebSocket
-(`SPDY/3.1+portforward.k8s.io`), dialled again when it drops. Text on a
-pair's error stream is printed and ends that local connection. TCP only.
+`--transport spdy` and `--transport tunnel` speak what kubectl speaks
+(`subres.cli.portforward_spdy`): every connection a pair of streams on ONE
+SPDY/3.1 connection. TCP only.
+
+When the server goes away (close code 1001, a replica shutting down) or the
+connection is lost, forwarding goes on and says so on stderr
+(`subres.cli.reconnect.Drops`): a WebSocket's local connection ends (a TCP
+stream cannot be resumed) and the next one connects again; a dropped SPDY
+upstream is dialled again at once. `--no-reconnect` ends the command instead.
+`--stdio` has one connection and ends with it.
 """
 
 from __future__ import annotations
@@ -27,22 +32,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from subres.cli import api, carriers, kubeconfig, terminal
+from subres.cli import api, kubeconfig, reconnect, terminal
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.commands import PortSpec
 from subres.cli.kubeconfig import ClientConfig
-from subres.engine.spdy import Carrier, SpdySession, SpdyStream
-from subres.protocol import portforward_spdy as pairs
-from subres.protocol.spdy import Role, SpdyError
+from subres.cli.portforward_spdy import SpdyLink, SpdyTransport, TunnelTransport
 
 __all__ = [
     "TRANSPORTS",
@@ -66,13 +68,10 @@ MAX_MESSAGE = 4 * 1024 * 1024
 OPEN_TIMEOUT = 30.0
 HALF_CLOSE_TIMEOUT = 60.0
 """After our close frame, seconds the remote side may keep replying."""
+FINISH_TIMEOUT = 2.0
+"""On the way out, seconds connections that are ending get to end."""
 UDP_QUEUE = 256
 """Datagrams held per UDP flow while its WebSocket opens or is slow; more are dropped."""
-COMPLAINT_WAIT = 5.0
-"""After a data stream ends, seconds its error stream may take to end (with any message)."""
-MAX_COMPLAINT = 64 * 1024
-PING_INTERVAL = 5.0
-"""client-go's SPDY ping period; three silent periods end the session."""
 
 
 @api.command
@@ -101,11 +100,14 @@ async def _forward(config: ClientConfig, typed: api.TargetText, ns: argparse.Nam
     target = await api.resolve(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
-    transport = TRANSPORTS[ns.transport](config, group_version=group_version, target=target)
+    drops = reconnect.Drops(reconnect=ns.reconnect and not ns.stdio)
+    transport = TRANSPORTS[ns.transport](
+        config, group_version=group_version, target=target, drops=drops
+    )
     if ns.stdio:
         return await _stdio(transport, ns.ports[0].remote)
     await check(config, target, group_version=group_version, ports=ns.ports)
-    return await _listen(transport, ns.ports, addresses=ns.address)
+    return await _listen(transport, ns.ports, addresses=ns.address, drops=drops)
 
 
 async def check(
@@ -173,11 +175,18 @@ class Transport(Protocol):
 
 
 class WebSocketLink:
-    """A `Link` over one KubeVirt-style raw WebSocket."""
+    """A `Link` over one KubeVirt-style raw WebSocket.
 
-    def __init__(self, ws: ClientConnection) -> None:
+    `on_drop` hears why, when the server (not we) ended it by going away or
+    the connection was lost.
+    """
+
+    def __init__(
+        self, ws: ClientConnection, *, on_drop: Callable[[str], None] | None = None
+    ) -> None:
         self._ws = ws
         self._closing: asyncio.Task[None] | None = None
+        self._on_drop = on_drop
 
     async def send(self, data: bytes) -> None:
         await self._ws.send(data)
@@ -186,6 +195,7 @@ class WebSocketLink:
         try:
             message = await self._ws.recv()
         except ConnectionClosed:
+            self._ended()
             return None
         return message.encode() if isinstance(message, str) else message
 
@@ -196,12 +206,25 @@ class WebSocketLink:
             self._closing = asyncio.create_task(self._ws.close())
 
     async def close(self) -> None:
+        self._on_drop = None  # ended here: nothing was lost
         await self._ws.close()
         if self._closing is not None:
             await self._closing
 
+    def _ended(self) -> None:
+        on_drop, self._on_drop = self._on_drop, None
+        why = reconnect.dropped(self._ws.close_code, self._ws.close_reason)
+        if on_drop is not None and why is not None and self._closing is None:
+            on_drop(why)
 
-async def open_link(config: ClientConfig, url: str, *, target: Target) -> WebSocketLink:
+
+async def open_link(
+    config: ClientConfig,
+    url: str,
+    *,
+    target: Target,
+    on_drop: Callable[[str], None] | None = None,
+) -> WebSocketLink:
     """A raw KubeVirt-style WebSocket to `url`; `CommandError` with the server's reason."""
     ws = await api.connect(
         config,
@@ -211,7 +234,7 @@ async def open_link(config: ClientConfig, url: str, *, target: Target) -> WebSoc
         max_size=MAX_MESSAGE,
         close_timeout=HALF_CLOSE_TIMEOUT,
     )
-    return WebSocketLink(ws)
+    return WebSocketLink(ws, on_drop=on_drop)
 
 
 class WebSocketTransport:
@@ -219,139 +242,25 @@ class WebSocketTransport:
 
     udp: ClassVar[bool] = True
 
-    def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
+    def __init__(
+        self, config: ClientConfig, *, group_version: str, target: Target, drops: reconnect.Drops
+    ) -> None:
         self._config = config
         self._target = target
         self._base = api.object_url(config, target, group_version=group_version)
+        self._drops = drops
 
     async def open(self, remote: int, protocol: str) -> Link:
         url = f"{self._base}/portforward/{remote}/{protocol}"
-        return await open_link(self._config, url, target=self._target)
+
+        def dropped(why: str) -> None:
+            what = f"port {remote}/{protocol}: {why}"
+            self._drops.dropped(what, then="the next connection connects again")
+
+        return await open_link(self._config, url, target=self._target, on_drop=dropped)
 
     async def close(self) -> None:
         pass  # nothing is shared: every link is its own WebSocket
-
-
-class SpdyLink:
-    """A `Link` over a port-forward stream pair: bytes on `data`, the server's
-    complaints (plain text) on `error`."""
-
-    def __init__(self, error: SpdyStream, data: SpdyStream) -> None:
-        self._error = error
-        self._data = data
-        self._complaint = asyncio.create_task(_complaint(error, data))
-
-    async def send(self, data: bytes) -> None:
-        await self._data.write(data)
-
-    async def receive(self) -> bytes | None:
-        """The next chunk; None at the end; `CommandError` with the server's complaint."""
-        if chunk := await self._data.read():
-            return chunk
-        # The server writes its complaint before it ends the pair.
-        done, _ = await asyncio.wait([self._complaint], timeout=COMPLAINT_WAIT)
-        if done and (message := self._complaint.result()):
-            raise CommandError(message)
-        return None
-
-    async def half_close(self) -> None:
-        await self._data.write_eof()
-
-    async def close(self) -> None:
-        self._complaint.cancel()
-        await asyncio.wait([self._complaint])
-        self._error.reset()
-        self._data.reset()
-
-
-async def _complaint(error: SpdyStream, data: SpdyStream) -> str:
-    """Everything the server writes on `error`; a complaint also ends `data`."""
-    text = b""
-    while len(text) < MAX_COMPLAINT and (chunk := await error.read()):
-        text += chunk
-    if text:
-        data.reset()
-    return text.decode("utf-8", "replace").strip()
-
-
-class SpdyTransport:
-    """Every connection a stream pair on one SPDY/3.1 upgrade of `…/portforward`, as client-go.
-
-    The upgrade is made for the first connection and made again for the next
-    connection after it dropped or the server sent GOAWAY.
-    """
-
-    udp: ClassVar[bool] = False
-
-    def __init__(self, config: ClientConfig, *, group_version: str, target: Target) -> None:
-        self._config = config
-        self._target = target
-        self._base = api.object_url(config, target, group_version=group_version, websocket=False)
-        self._client: SpdySession | None = None
-        self._dialing = asyncio.Lock()
-        self._request_ids = itertools.count()
-
-    async def open(self, remote: int, protocol: str) -> Link:
-        client = await self._session()
-        common = {
-            pairs.PORT_HEADER: str(remote),
-            pairs.REQUEST_ID_HEADER: str(next(self._request_ids)),
-        }
-        try:
-            error = client.open_stream({pairs.STREAM_TYPE_HEADER: pairs.ERROR, **common})
-            await error.write_eof()  # we never write on it, as client-go
-            data = client.open_stream({pairs.STREAM_TYPE_HEADER: pairs.DATA, **common})
-        except SpdyError as exc:
-            raise CommandError(f"cannot open a stream: {exc}") from None
-        try:
-            async with asyncio.timeout(OPEN_TIMEOUT):
-                await error.wait_replied()
-                await data.wait_replied()
-        except (ConnectionResetError, TimeoutError):
-            error.reset()
-            data.reset()
-            raise CommandError("the server did not accept the port-forward streams") from None
-        return SpdyLink(error, data)
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-
-    async def _session(self) -> SpdySession:
-        async with self._dialing:
-            if self._client is None or not self._client.usable:
-                self._client = SpdySession(
-                    await self._dial(), role=Role.CLIENT, ping_interval=PING_INTERVAL
-                )
-                self._client.start()
-            return self._client
-
-    async def _dial(self) -> Carrier:
-        async def attempt(headers: Mapping[str, str]) -> Carrier:
-            try:
-                return await self._upgrade(f"{self._base}/portforward", headers)
-            except carriers.UpgradeRefused as exc:
-                raise api.refusal(exc.status, exc.body, target=self._target) from None
-
-        try:
-            async with asyncio.timeout(OPEN_TIMEOUT):
-                return await api.authorized(self._config, attempt)
-        except (OSError, TimeoutError) as exc:
-            raise api.unreachable(self._config, exc) from None
-
-    async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
-        return await carriers.upgrade(self._peer(url, headers), protocol=pairs.PROTOCOL)
-
-    def _peer(self, url: str, headers: Mapping[str, str]) -> carriers.Peer:
-        config = self._config
-        return carriers.Peer(url, headers, config.ssl, config.server_hostname)
-
-
-class TunnelTransport(SpdyTransport):
-    """The same stream pairs, the SPDY bytes in one WebSocket (`SPDY/3.1+portforward.k8s.io`)."""
-
-    async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
-        return await carriers.tunnel(self._peer(url, headers), subprotocol=pairs.TUNNEL_PROTOCOL)
 
 
 TRANSPORTS: dict[str, type[WebSocketTransport | SpdyTransport]] = {
@@ -389,22 +298,38 @@ async def _up(reader: asyncio.StreamReader, link: Link) -> None:
     await link.half_close()
 
 
-async def _listen(transport: Transport, specs: list[PortSpec], *, addresses: list[str]) -> int:
-    stop = asyncio.Event()
+async def _listen(
+    transport: Transport, specs: list[PortSpec], *, addresses: list[str], drops: reconnect.Drops
+) -> int:
+    handlers: set[asyncio.Task[Any]] = set()
     async with contextlib.AsyncExitStack() as stack:
-        # Pushed first, so it runs last: the listeners stop before the shared upstream goes.
+        # Pushed first, so it runs last: the listeners stop before the shared upstream goes,
+        # and connections already ending (the server went away) finish in between.
         stack.push_async_callback(transport.close)
+        stack.push_async_callback(_finish, handlers)
         for spec in specs:
-            for address, port in await _start_all(stack, transport, spec, addresses):
+            for address, port in await _start_all(stack, transport, spec, addresses, handlers):
                 line = f"Forwarding from {_host(address)}:{port} -> {spec.remote}/{spec.protocol}"
                 print(line, flush=True)
-        with terminal.on_signals((signal.SIGINT, signal.SIGTERM), stop.set):
-            await stop.wait()
+        with terminal.on_signals((signal.SIGINT, signal.SIGTERM), drops.stop.set):
+            await drops.stop.wait()
+    if drops.why is not None:
+        raise CommandError(drops.why)
     return 0
 
 
+async def _finish(handlers: set[asyncio.Task[Any]]) -> None:
+    """Let connections that are ending end, rather than be cancelled at exit."""
+    if handlers:
+        await asyncio.wait(handlers, timeout=FINISH_TIMEOUT)
+
+
 async def _start_all(
-    stack: contextlib.AsyncExitStack, transport: Transport, spec: PortSpec, addresses: list[str]
+    stack: contextlib.AsyncExitStack,
+    transport: Transport,
+    spec: PortSpec,
+    addresses: list[str],
+    handlers: set[asyncio.Task[Any]],
 ) -> list[tuple[str, int]]:
     """Listen for `spec` on each address, all on one port; fail only if no address works.
 
@@ -416,7 +341,7 @@ async def _start_all(
     port = spec.local
     for address in addresses:
         try:
-            port = await _start(stack, transport, spec._replace(local=port), address)
+            port = await _start(stack, transport, spec._replace(local=port), address, handlers)
         except OSError as exc:
             failures.append(f"{_host(address)}:{port}: {api.os_reason(exc)}")
             continue
@@ -429,15 +354,19 @@ async def _start_all(
 
 
 async def _start(
-    stack: contextlib.AsyncExitStack, transport: Transport, spec: PortSpec, address: str
+    stack: contextlib.AsyncExitStack,
+    transport: Transport,
+    spec: PortSpec,
+    address: str,
+    handlers: set[asyncio.Task[Any]],
 ) -> int:
-    """Listen for `spec` on `address`; the local port bound."""
+    """Listen for `spec` on `address`; the local port bound; each connection in `handlers`."""
     if spec.protocol == "udp":
         relay = await _UdpRelay.start(transport, spec, address)
         stack.push_async_callback(relay.close)
         return relay.port
     server = await asyncio.start_server(
-        lambda r, w: _serve_tcp(transport, spec, r, w), address, spec.local
+        lambda r, w: _serve_tcp(transport, spec, r, w, handlers), address, spec.local
     )
     stack.push_async_callback(_stop_server, server)
     return int(server.sockets[0].getsockname()[1])
@@ -457,7 +386,11 @@ async def _serve_tcp(
     spec: PortSpec,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
+    handlers: set[asyncio.Task[Any]],
 ) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    handlers.add(task)
     try:
         link = await transport.open(spec.remote, "tcp")
         await bridge(reader, writer, link)
@@ -465,6 +398,7 @@ async def _serve_tcp(
         print(f"error: port {spec.remote}: {exc}", file=sys.stderr, flush=True)
     finally:
         writer.close()
+        handlers.discard(task)
 
 
 async def _stdio(transport: Transport, remote: int) -> int:

@@ -6,7 +6,9 @@ connections are relayed to the `vnc` subresource, `--proxy-only` (prints
 viewer. The first WebSocket opens before listening, so a refusal (machine
 stopped, no display) is an error at once rather than a viewer that cannot
 connect; each later local connection opens its own, taking the session over.
-The relaying itself is the port-forward verb's (`portforward.bridge`).
+`--view-only` relays to `vnc-observe` instead: the viewer watches, its input
+goes nowhere, and nobody is taken over. The relaying itself is the
+port-forward verb's (`portforward.bridge`).
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ async def _vnc(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
     base = api.object_url(config, target, group_version=group_version)
-    return await _Relay(config, f"{base}/vnc", target).run(ns.address, ns.port, viewer)
+    sub = "vnc-observe" if ns.view_only else "vnc"
+    return await _Relay(config, f"{base}/{sub}", target).run(ns.address, ns.port, viewer)
 
 
 class _Relay:

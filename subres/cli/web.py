@@ -7,7 +7,10 @@ the browser never sees a token. Only the page's own origin may drive the
 relay: every request must name this server by `localhost` or an IP literal
 (a DNS-rebound name would carry an attacker's origin), and every WebSocket
 must come from the same origin, so no other site can borrow the credentials.
-Only the console and vnc subresources of the configured group-version pass.
+Only these pass, of the configured group-version: the console and vnc
+WebSockets and their read-only shares (`console-observe`, `vnc-observe`), and
+the page's plain GETs of who holds the machine (`sessions`) and of its
+recordings (`recordings`, `recordings/FILE`), refused to other sites.
 """
 
 from __future__ import annotations
@@ -36,7 +39,11 @@ __all__ = ["build", "main", "same_origin"]
 
 log = logging.getLogger(__name__)
 
-SUBRESOURCES = ("console", "vnc")
+SUBRESOURCES = ("console", "console-observe", "vnc", "vnc-observe")
+READS = {"sessions": "application/json", "recordings": "application/json"}
+"""What the page reads with a plain GET (who holds the machine, its recordings), by type."""
+RECORDING = "application/x-asciicast"
+MAX_READ = 16 << 20
 BEARER_PREFIX = "base64url.bearer.authorization.k8s.io."
 MAX_MESSAGE = 4 * 1024 * 1024
 CLOSE_TIMEOUT = 10.0
@@ -92,7 +99,11 @@ def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
         for ws in list(live):
             await ws.close(code=1001, message=b"subres web is stopping")
 
+    async def read(request: web.Request) -> web.StreamResponse:
+        return await _read(config, settings.api_prefix, request)
+
     app.router.add_get(sub, relay)
+    app.router.add_get(f"{sub}/{{file}}", read)
     app.on_shutdown.append(close_live)
     return app
 
@@ -164,6 +175,8 @@ async def _relay(
     config: ClientConfig, api_prefix: str, request: web.Request, live: set[web.WebSocketResponse]
 ) -> web.StreamResponse:
     """Open the cluster's WebSocket with our credentials, then accept the page's and pump."""
+    if request.match_info["sub"] in READS and "Upgrade" not in request.headers:
+        return await _read(config, api_prefix, request)
     if not same_origin(request):
         log.warning("refused a WebSocket from origin %s", request.headers.get("Origin"))
         raise web.HTTPForbidden(text="cross-origin WebSocket refused\n")
@@ -204,12 +217,54 @@ def _offered(request: web.Request) -> list[str]:
     ]
 
 
-def _upstream_url(config: ClientConfig, api_prefix: str, request: web.Request) -> str:
+async def _read(config: ClientConfig, api_prefix: str, request: web.Request) -> web.StreamResponse:
+    """A plain GET of the page's (sessions, recordings), made with our credentials, streamed back.
+
+    Only the page itself may ask: a browser says where a request comes from
+    (`Sec-Fetch-Site`, `Origin`), and another site's requests are refused.
+    """
+    sub = request.match_info["sub"]
+    site = request.headers.get("Sec-Fetch-Site", "same-origin")
+    if sub not in READS or (site != "same-origin" or not same_origin_or_none(request)):
+        raise web.HTTPForbidden(text="only the page may read this\n")
+    content_type = RECORDING if "file" in request.match_info else READS[sub]
+    response = web.StreamResponse(
+        headers={"Content-Type": content_type, "Cache-Control": "no-store"}
+    )
+
+    async def forward(chunk: bytes) -> None:
+        if not response.prepared:
+            await response.prepare(request)
+        await response.write(chunk)
+
+    url = _upstream_url(config, api_prefix, request, websocket=False)
+    try:
+        await api.get(config, url, max_body=MAX_READ, sink=forward)
+    except ServerError as exc:
+        body = {"kind": "Status", "status": "Failure", "code": exc.code, "message": exc.message}
+        return web.json_response(body, status=exc.code)
+    except CommandError as exc:
+        return web.json_response({"kind": "Status", "message": str(exc)}, status=502)
+    if not response.prepared:
+        await response.prepare(request)
+    await response.write_eof()
+    return response
+
+
+def same_origin_or_none(request: web.Request) -> bool:
+    """True without an Origin header (a same-origin GET), or with the page's own."""
+    return "Origin" not in request.headers or same_origin(request)
+
+
+def _upstream_url(
+    config: ClientConfig, api_prefix: str, request: web.Request, *, websocket: bool = True
+) -> str:
     """The same subresource on the cluster's server (query included)."""
     parts = urlsplit(config.server)
-    scheme = "wss" if parts.scheme == "https" else "ws"
+    scheme = ("wss" if parts.scheme == "https" else "ws") if websocket else parts.scheme
+    keys = ("namespace", "resource", "name", "sub", "file")
     path = "/".join(
-        quote(request.match_info[key], safe="") for key in ("namespace", "resource", "name", "sub")
+        quote(request.match_info[key], safe="") for key in keys if key in request.match_info
     )
     query = f"?{request.query_string}" if request.query_string else ""
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}{api_prefix}/namespaces/{path}{query}"

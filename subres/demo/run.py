@@ -93,6 +93,8 @@ def prepare(
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez", "/ui", "/ui/*"),
         shutdown_grace=2.0,
         access_log=access_log,
+        # Audit lines would flood the demo's terminal: they go beside its other files.
+        session_audit_log=str(state_dir / "sessions.jsonl"),
     )
 
 

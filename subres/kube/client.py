@@ -2,9 +2,10 @@
 
 Owns the one place `kubernetes_asyncio` is used: building an `ApiClient` from
 a kubeconfig file or the in-cluster ServiceAccount, and every request subres
-sends (list and watch of custom objects and ConfigMaps, reading a Secret,
-TokenReview, SubjectAccessReview). The library is untyped; everything leaving
-this module is plain JSON (`dict`), an `ApiError`, or a stream of `WatchEvent`s.
+sends (list and watch of custom objects, ConfigMaps and Leases, reading a
+Secret, TokenReview, SubjectAccessReview, the Lease writes of session
+coordination, and Events). The library is untyped; everything leaving this module is
+plain JSON (`dict`), an `ApiError`, or a stream of `WatchEvent`s.
 
 Responses are read raw (`_preload_content=False`) so that status codes,
 Status bodies and watch streams are handled here, the same way for every call.
@@ -28,8 +29,10 @@ __all__ = [
     "ApiError",
     "ConfigMaps",
     "CustomObjects",
+    "Leases",
     "ListWatch",
     "Page",
+    "Pods",
     "WatchEvent",
     "connect",
     "status_error",
@@ -111,6 +114,9 @@ class Api:
     def _core(self) -> Any:
         return k8s.CoreV1Api(self._client)
 
+    def _coordination(self) -> Any:
+        return k8s.CoordinationV1Api(self._client)
+
     async def read_configmap(self, namespace: str, name: str) -> JSON:
         """One ConfigMap."""
         return await _json(
@@ -127,11 +133,64 @@ class Api:
             )
         )
 
+    async def read_lease(self, namespace: str, name: str) -> JSON:
+        """One Lease (`ApiError` 404 when there is none)."""
+        return await _json(
+            self._coordination().read_namespaced_lease(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        )
+
+    async def create_lease(self, namespace: str, body: JSON) -> JSON:
+        """Create a Lease (`ApiError` 409 AlreadyExists when it exists); the stored object."""
+        return await _json(
+            self._coordination().create_namespaced_lease(
+                namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        )
+
+    async def replace_lease(self, namespace: str, body: JSON) -> JSON:
+        """Write a Lease whole; `metadata.resourceVersion` makes it conditional (409 Conflict)."""
+        return await _json(
+            self._coordination().replace_namespaced_lease(
+                body["metadata"]["name"],
+                namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        )
+
+    async def delete_lease(self, namespace: str, name: str, *, resource_version: str) -> None:
+        """Delete a Lease only if it is still at `resource_version` (409 Conflict otherwise)."""
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"resourceVersion": resource_version},
+        }
+        await _json(
+            self._coordination().delete_namespaced_lease(
+                name,
+                namespace,
+                body=options,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        )
+
     async def create_token_review(self, body: JSON, *, request_timeout: float) -> JSON:
         """POST a TokenReview; the review with its status."""
         api: Any = k8s.AuthenticationV1Api(self._client)
         return await _json(
             api.create_token_review(body, _preload_content=False, _request_timeout=request_timeout)
+        )
+
+    async def create_event(self, namespace: str, body: JSON, *, request_timeout: float) -> JSON:
+        """POST a core/v1 Event in `namespace`; the Event created."""
+        return await _json(
+            self._core().create_namespaced_event(
+                namespace, body, _preload_content=False, _request_timeout=request_timeout
+            )
         )
 
     async def create_subject_access_review(self, body: JSON, *, request_timeout: float) -> JSON:
@@ -225,6 +284,35 @@ class ConfigMaps(_Listing):
     def _request(self, **params: Any) -> Any:
         return self.api._core().list_namespaced_config_map(
             self.namespace, field_selector=self.field_selector, **params
+        )
+
+
+@dataclass(frozen=True)
+class _Selected(_Listing):
+    """The objects of one namespace that a label selector picks."""
+
+    api: Api
+    namespace: str
+    """The namespace."""
+    label_selector: str
+    """E.g. `app.kubernetes.io/name=subres-agent`."""
+
+
+class Leases(_Selected):
+    """The Leases of one namespace that a label selector picks (the session Leases)."""
+
+    def _request(self, **params: Any) -> Any:
+        return self.api._coordination().list_namespaced_lease(
+            self.namespace, label_selector=self.label_selector, **params
+        )
+
+
+class Pods(_Selected):
+    """The pods of one namespace that a label selector picks (the node agents)."""
+
+    def _request(self, **params: Any) -> Any:
+        return self.api._core().list_namespaced_pod(
+            self.namespace, label_selector=self.label_selector, **params
         )
 
 

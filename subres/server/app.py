@@ -39,17 +39,31 @@ document KubeVirt's clients read (`server_version`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from subres.server import console, health, middleware, portforward, screenshot, vnc
+from subres.server import (
+    console,
+    health,
+    middleware,
+    portforward,
+    recordinglist,
+    screenshot,
+    sessionlist,
+    vnc,
+)
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
+from subres.server.keeper import Keeper
 from subres.server.state import State
 from subres.web import page
 
-__all__ = ["build"]
+__all__ = ["KEEPER", "build"]
+
+KEEPER = web.AppKey("keeper", Keeper)
+"""The application's console keeper."""
 
 Handler = Callable[[State, web.Request], Awaitable[web.StreamResponse]]
 
@@ -65,7 +79,8 @@ def build(state: State) -> web.Application:
         handler_args={"max_field_size": 16384},
     )
     group, version = state.config.group, state.config.version
-    sub = f"/apis/{group}/{version}/namespaces/{{namespace}}/{{resource}}/{{name}}"
+    namespaced = f"/apis/{group}/{version}/namespaces/{{namespace}}"
+    sub = f"{namespaced}/{{resource}}/{{name}}"
     table: list[tuple[str, str, Handler]] = [
         ("GET", "/apis", apis),
         ("GET", f"/apis/{group}", api_group),
@@ -77,7 +92,15 @@ def build(state: State) -> web.Application:
         ("GET", "/metrics", metrics),
         ("GET", f"{sub}/console", console.handle),
         ("POST", f"{sub}/console", console.handle),
+        ("GET", f"{sub}/console-observe", console.observe),
+        ("POST", f"{sub}/console-observe", console.observe),
+        ("GET", f"{sub}/sessions", sessionlist.for_machine),
+        ("GET", f"{sub}/recordings", recordinglist.listing),
+        ("GET", f"{sub}/recordings/{{file}}", recordinglist.one),
+        ("GET", f"{namespaced}/sessions", sessionlist.for_namespace),
+        ("GET", f"/apis/{group}/{version}/sessions", sessionlist.for_namespace),
         ("GET", f"{sub}/vnc", vnc.handle),
+        ("GET", f"{sub}/vnc-observe", vnc.observe),
         ("GET", f"{sub}/screenshot", screenshot.handle),
         # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.
         ("GET", f"{sub}/vnc/screenshot", screenshot.handle),
@@ -98,13 +121,27 @@ def build(state: State) -> web.Application:
     )
     page.add_routes(app, settings)
 
+    keeper = app[KEEPER] = Keeper(state)
+
+    async def on_startup(_: web.Application) -> None:
+        await keeper.start()
+
     async def on_shutdown(_: web.Application) -> None:
-        await state.sessions.close_all("the server is shutting down")
+        # Live sessions were ended before this (`run.Server.stop`); then the kept consoles
+        # and the SSH connections go.
+        await keeper.stop()
         await state.ssh.close()
 
+    async def on_cleanup(_: web.Application) -> None:
+        await state.recordings.stop()
+        await state.events.close()
+        await asyncio.to_thread(state.audit.close)
+
+    app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     # Every answer, errors and upgrades included, as its headers go out.
     app.on_response_prepare.append(state.metrics.answered)
+    app.on_cleanup.append(on_cleanup)
     return app
 
 
@@ -116,7 +153,13 @@ def _health_routes(app: web.Application, state: State) -> None:
         "parent-caches": lambda: all(c.synced for c in state.caches.values()),
         **state.readiness,
     }
-    for endpoint, checks in (("healthz", ready), ("livez", ping), ("readyz", ready)):
+    # As kube-apiserver's: a draining server is alive and healthy, not ready.
+    draining = {"shutdown": lambda: not state.draining}
+    for endpoint, checks in (
+        ("healthz", ready),
+        ("livez", ping),
+        ("readyz", {**ready, **draining}),
+    ):
         handle = health.handler(endpoint, checks)
         app.router.add_get(f"/{endpoint}", handle)
         app.router.add_get(f"/{endpoint}/{{check}}", handle)

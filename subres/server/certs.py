@@ -24,16 +24,25 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = [
+    "AGENT_SERVICE",
     "CA_VALIDITY",
     "LEAF_VALIDITY",
+    "REPLICA_IDENTITY",
     "KeyPair",
     "ServingFiles",
     "ensure_self_signed",
     "generate_ca",
+    "issue_agent_serving",
     "issue_client",
+    "issue_replica_client",
     "issue_serving",
     "serving_names",
 ]
+
+AGENT_SERVICE = "subres-agent"
+"""The name node agents' serving certificates carry, as `<it>.<namespace>.svc`."""
+REPLICA_IDENTITY = "subres-replica"
+"""Common name of the client certificate replicas present to node agents."""
 
 CA_VALIDITY = datetime.timedelta(days=3650)
 """How long a generated CA is valid."""
@@ -130,6 +139,19 @@ def issue_client(ca: KeyPair, *, user: str, groups: list[str]) -> KeyPair:
     attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
     attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, user))
     return _issue(ca, subject=x509.Name(attributes), usage=ExtendedKeyUsageOID.CLIENT_AUTH, sans=[])
+
+
+def issue_agent_serving(ca: KeyPair, *, namespace: str) -> KeyPair:
+    """The serving certificate of every node agent: one name, since they are dialed by IP."""
+    name = f"{AGENT_SERVICE}.{namespace}.svc"
+    return issue_serving(
+        ca, common_name=name, dns_names=[name, f"{name}.cluster.local"], ip_addresses=[]
+    )
+
+
+def issue_replica_client(ca: KeyPair) -> KeyPair:
+    """The client certificate replicas present to node agents."""
+    return issue_client(ca, user=REPLICA_IDENTITY, groups=[])
 
 
 def serving_names(service: str, namespace: str) -> tuple[list[str], list[str]]:

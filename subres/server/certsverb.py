@@ -1,9 +1,15 @@
-"""`subres certs`: a CA and serving certificate for the Service, as deployable manifests.
+"""`subres certs`: every certificate an install needs, as a kustomize component.
 
-Writes into `--out`: `ca.crt`/`ca.key`, `tls.crt`/`tls.key` (SANs for
-`<service>.<namespace>.svc` and its short and long forms), `secret.yaml`
-(the `kubernetes.io/tls` Secret the Deployment mounts) and
-`apiservice-cabundle.yaml` (a patch giving the APIService the CA).
+Writes into `--out` one CA (`ca.crt`/`ca.key`) and the pairs it signs:
+`tls.*` serving the APIService (SANs `<service>.<namespace>.svc` and its
+short and long forms), `agent.*` serving every node agent
+(`subres-agent.<namespace>.svc`), `replica.*` the replicas' client
+certificate for agents (CN `subres-replica`). Then the manifests:
+`secret.yaml` (the three `kubernetes.io/tls` Secrets the Deployment and the
+DaemonSet mount, each with its `ca.crt`), `apiservice-cabundle.yaml` (a
+patch giving the APIService the CA) and `kustomization.yaml`, a kustomize
+`Component` holding both, which `deploy/self-signed` includes. Nothing needs
+editing; none of it belongs in git (`.gitignore` says `deploy/certs/`).
 """
 
 from __future__ import annotations
@@ -16,9 +22,13 @@ import yaml
 
 from subres.server import certs
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["AGENT_CLIENT_SECRET", "AGENT_SECRET", "SECRET", "add_arguments", "run"]
 
 SECRET = "subres-serving-cert"
+AGENT_SECRET = "subres-agent-tls"
+"""The agents' serving pair; its `ca.crt` is the CA replicas' client certificates chain to."""
+AGENT_CLIENT_SECRET = "subres-agent-client"
+"""The replicas' client pair for agents; its `ca.crt` is the CA agents' certificates chain to."""
 APISERVICE = "v1alpha1.subresources.subres.dev"
 
 
@@ -40,33 +50,53 @@ def run(ns: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     ca = certs.generate_ca(f"{ns.service}.{ns.namespace} CA")
     dns_names, _ = certs.serving_names(ns.service, ns.namespace)
-    serving = certs.issue_serving(
-        ca,
-        common_name=f"{ns.service}.{ns.namespace}.svc",
-        dns_names=[n for n in dns_names if n != "localhost"],
-        ip_addresses=[],
-    )
+    pairs = {
+        "tls": certs.issue_serving(
+            ca,
+            common_name=f"{ns.service}.{ns.namespace}.svc",
+            dns_names=[n for n in dns_names if n != "localhost"],
+            ip_addresses=[],
+        ),
+        "agent": certs.issue_agent_serving(ca, namespace=ns.namespace),
+        "replica": certs.issue_replica_client(ca),
+    }
     ca.write(out / "ca.crt", out / "ca.key")
-    serving.write(out / "tls.crt", out / "tls.key")
-    (out / "secret.yaml").write_text(yaml.safe_dump(_secret(serving, ca, ns.namespace)))
-    (out / "apiservice-cabundle.yaml").write_text(yaml.safe_dump(_patch(ca, ns.apiservice)))
-    print(f"wrote {out}/{{ca.crt,tls.crt,tls.key,secret.yaml,apiservice-cabundle.yaml}}")
+    for name, pair in pairs.items():
+        pair.write(out / f"{name}.crt", out / f"{name}.key")
+    secrets = [
+        _secret(SECRET, pairs["tls"], ca=ca, namespace=ns.namespace),
+        _secret(AGENT_SECRET, pairs["agent"], ca=ca, namespace=ns.namespace),
+        _secret(AGENT_CLIENT_SECRET, pairs["replica"], ca=ca, namespace=ns.namespace),
+    ]
+    _write(out / "secret.yaml", yaml.safe_dump_all(secrets))
+    _write(out / "apiservice-cabundle.yaml", yaml.safe_dump(_patch(ca, ns.apiservice)))
+    _write(out / "kustomization.yaml", yaml.safe_dump(_component()))
+    print(f"wrote {out}/: a kustomize component (kustomization.yaml, secret.yaml, ")
+    print("apiservice-cabundle.yaml) and the PEM files; keep them out of git")
     return 0
+
+
+def _write(path: Path, text: str) -> None:
+    # Secrets inside: readable by their owner only.
+    path.touch(mode=0o600)
+    path.write_text(text)
 
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _secret(serving: certs.KeyPair, ca: certs.KeyPair, namespace: str) -> dict[str, object]:
-    # ca.crt too (as cert-manager writes it): a scraper verifies the serving certificate
-    # with it (deploy/components/monitoring).
-    data = {"tls.crt": serving.cert_pem(), "tls.key": serving.key_pem(), "ca.crt": ca.cert_pem()}
+def _secret(
+    name: str, pair: certs.KeyPair, *, ca: certs.KeyPair, namespace: str
+) -> dict[str, object]:
+    # ca.crt in each, as cert-manager writes them: the agents and replicas verify each other
+    # with it, and a scraper the serving certificate (deploy/components/monitoring).
+    data = {"tls.crt": pair.cert_pem(), "tls.key": pair.key_pem(), "ca.crt": ca.cert_pem()}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "kubernetes.io/tls",
-        "metadata": {"name": SECRET, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "data": {key: _b64(value) for key, value in data.items()},
     }
 
@@ -77,4 +107,13 @@ def _patch(ca: certs.KeyPair, apiservice: str) -> dict[str, object]:
         "kind": "APIService",
         "metadata": {"name": apiservice},
         "spec": {"caBundle": _b64(ca.cert_pem()), "insecureSkipTLSVerify": False},
+    }
+
+
+def _component() -> dict[str, object]:
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "resources": ["secret.yaml"],
+        "patches": [{"path": "apiservice-cabundle.yaml"}],
     }

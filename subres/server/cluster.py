@@ -3,14 +3,17 @@
 Builds, from validated options, the apiserver clients (main, authentication,
 authorization), the authentication configuration (read at start from the
 cluster's ConfigMap unless flags give it all), the delegating authenticator
-and webhook authorizer, and one informer per parent CRD plus one for the
-ConfigMap. `Cluster` starts those informers and stops them and the clients.
+and webhook authorizer, one informer per parent CRD plus one for the
+ConfigMap, the session Leases that keep console and vnc exclusive across
+replicas, and, when agents are configured, one informer for the agent pods.
+`Cluster` starts those informers and stops them and the clients.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,9 +33,11 @@ from subres.auth.webhook import (
 )
 from subres.config import Config
 from subres.kube import client
+from subres.kube.agents import AgentPods
 from subres.kube.cache import ParentCache
 from subres.kube.informer import Informer, InformerSettings
 from subres.server.options import Options
+from subres.streams.leases import LeaseSettings, SessionLeases
 
 __all__ = ["Cluster", "build"]
 
@@ -48,16 +53,27 @@ class Cluster:
     authenticator: DelegatingAuthenticator
     authorizer: WebhookAuthorizer
     informers: tuple[Informer, ...]
+    leases: SessionLeases
+    """Console and vnc slots shared with the other replicas."""
     apis: tuple[client.Api, ...]
     """Every distinct client, closed on stop."""
+    agents: AgentPods | None = None
+    """Where each node's agent is (None when no agent certificate is configured)."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    async def start(self) -> None:
-        """Start the informers."""
-        self._tasks = [asyncio.create_task(i.run(), name=i.name) for i in self.informers]
+    @property
+    def main(self) -> client.Api:
+        """The client of the main apiserver (parents, Events)."""
+        return self.apis[0]
 
-    async def stop(self) -> None:
-        """Cancel the informers and close the clients."""
+    async def start(self) -> None:
+        """Start the informers and the session Leases' watch."""
+        self._tasks = [asyncio.create_task(i.run(), name=i.name) for i in self.informers]
+        await self.leases.start()
+
+    async def stop(self, *, grace: float) -> None:
+        """Give up the session Leases (waiting at most `grace`), stop informers and clients."""
+        await self.leases.stop(grace=grace)
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -115,6 +131,12 @@ async def _assemble(
         informers.append(
             Informer(source=objects, sink=caches[parent.resource], name=name, settings=settings)
         )
+    agents = None
+    if options.agent_ca_file is not None:
+        agents = AgentPods(options.agent_port_name)
+        pods = client.Pods(main, options.service_namespace, options.agent_selector)
+        name = f"{options.service_namespace}/pods {options.agent_selector}"
+        informers.append(Informer(source=pods, sink=agents, name=name, settings=settings))
     tokens = TokenReviewAuthenticator(
         authn_api,
         TokenReviewSettings(
@@ -130,13 +152,25 @@ async def _assemble(
             always_allow_paths=options.authorization_always_allow_paths,
         ),
     )
+    leases = SessionLeases(
+        main,
+        LeaseSettings(
+            namespace=options.lease_namespace or options.service_namespace,
+            identity=options.replica_name or socket.gethostname(),
+            duration=int(options.lease_duration),
+            renew_interval=options.lease_renew_interval,
+        ),
+        informer=settings,
+    )
     return Cluster(
         caches=caches,
         auth=auth,
         authenticator=DelegatingAuthenticator(config=auth, tokens=tokens),
         authorizer=authorizer,
         informers=tuple(informers),
+        leases=leases,
         apis=tuple(dict.fromkeys(apis)),
+        agents=agents,
     )
 
 

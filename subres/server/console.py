@@ -1,14 +1,24 @@
-"""`…/{resource}/{name}/console`: the serial console over WebSocket, or SPDY remote-command."""
+"""`…/{resource}/{name}/console` and `…/console-observe`: the serial console, shared.
+
+Over a WebSocket in any channel dialect, or SPDY remote-command. `console`
+is the writer: one per machine, a newer one takes over. `console-observe`
+is an observer: read-only, any number, authorized as its own subresource so
+that RBAC can grant watching without typing; observers stay attached while
+writers come and go. Both accept `?tail=N` (lines of a kept console's
+scrollback to replay first).
+"""
 
 from __future__ import annotations
 
 from aiohttp import hdrs, web
 
+from subres.backends.stream import ByteStream
+from subres.kube.status import StatusError
 from subres.protocol import httpstream
-from subres.server import remotecommand, streaming, subresource
+from subres.server import remotecommand, session, sharing, streaming, subresource
 from subres.server.state import State
 
-__all__ = ["SUBPROTOCOLS", "handle"]
+__all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
 SUBPROTOCOLS = (
     "",
@@ -23,15 +33,61 @@ SUBPROTOCOLS = (
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
-    """Check, negotiate, dial, then upgrade and stream; one console per machine."""
+    """The writer: check, negotiate, dial, then upgrade and stream."""
+    return await _serve(state, request, mode=session.WRITER)
+
+
+async def observe(state: State, request: web.Request) -> web.StreamResponse:
+    """An observer: check, negotiate, attach to the console, then upgrade and stream."""
+    return await _serve(state, request, mode=session.OBSERVER)
+
+
+async def _serve(state: State, request: web.Request, *, mode: str) -> web.StreamResponse:
+    target = subresource.resolve(state, request, "console")
+    url = subresource.endpoint_url(target)
+    tail = _tail(request)
+    writer = mode == session.WRITER
+    # The two dialects' upgrades take different arguments: two calls that look alike.
     if httpstream.is_spdy_upgrade(
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
     ):
-        return await remotecommand.handle(state, request)
-    target = subresource.resolve(state, request, "console")
-    url = subresource.endpoint_url(target)
+        protocol = remotecommand.negotiate(request)
+        backend = await _backend(state, target, url, mode=mode, tail=tail)
+        return await remotecommand.serve(
+            state,
+            request,
+            target=target,
+            protocol=protocol,
+            backend=backend,
+            exclusive=writer,
+            mode=mode,
+        )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
-    backend = await subresource.connect(state, target, url)
+    backend = await _backend(state, target, url, mode=mode, tail=tail)
     return await streaming.serve(
-        state, request, target=target, ws=ws, dialect=dialect, backend=backend, exclusive=True
+        state,
+        request,
+        target=target,
+        ws=ws,
+        dialect=dialect,
+        backend=backend,
+        exclusive=writer,
+        mode=mode,
     )
+
+
+async def _backend(
+    state: State, target: subresource.Target, url: str, *, mode: str, tail: int | None
+) -> ByteStream:
+    if mode == session.OBSERVER:
+        return sharing.observe(state, target, tail=tail)
+    return await sharing.write(state, target, url, tail=tail)
+
+
+def _tail(request: web.Request) -> int | None:
+    text = request.query.get("tail")
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit():
+        raise StatusError(400, f"tail must be a number of lines, not {text!r}")
+    return int(text)

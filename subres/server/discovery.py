@@ -17,10 +17,19 @@ from typing import Any
 
 from subres.config import Config, ParentSpec
 
-__all__ = ["AGGREGATED_TYPES", "Documents", "build", "wants_aggregated"]
+__all__ = ["AGGREGATED_TYPES", "Documents", "build", "served", "wants_aggregated"]
 
-VERBS = {"console": ["create", "get"], "portforward": ["create", "get"]}
-"""WebSocket upgrades are GET, SPDY upgrades are POST; vnc and screenshot are GET only."""
+VERBS = {
+    "console": ["create", "get"],
+    "console-observe": ["create", "get"],
+    "portforward": ["create", "get"],
+}
+"""WebSocket upgrades are GET, SPDY upgrades are POST; the others are GET only."""
+
+SHARES = {"console": "console-observe", "vnc": "vnc-observe"}
+"""The read-only subresource beside each interactive one: RBAC grants it on its own."""
+KINDS = {"sessions": "SessionList", "recordings": "RecordingList"}
+"""Subresources that answer an object of their own kind rather than a stream."""
 
 AGGREGATED_TYPES = {
     "v2": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
@@ -101,18 +110,39 @@ def _verbs(sub: str) -> list[str]:
     return VERBS.get(sub, ["get"])
 
 
+def served(parent: ParentSpec) -> list[str]:
+    """Every subresource a parent kind has: the configured ones and their shares."""
+    names: list[str] = []
+    for sub in parent.subresources:
+        names.append(sub)
+        if sub in SHARES:
+            names.append(SHARES[sub])
+    if "console" in parent.subresources:
+        names.append("recordings")
+    return [*names, "sessions"]
+
+
 def _resource_list(config: Config) -> dict[str, Any]:
     resources = [
         {
             "name": f"{parent.resource}/{sub}",
             "singularName": "",
             "namespaced": True,
-            "kind": parent.kind,
+            "kind": KINDS.get(sub, parent.kind),
             "verbs": _verbs(sub),
         }
         for parent in config.parents
-        for sub in parent.subresources
+        for sub in served(parent)
     ]
+    resources.append(
+        {
+            "name": "sessions",
+            "singularName": "session",
+            "namespaced": True,
+            "kind": "Session",
+            "verbs": ["list"],
+        }
+    )
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",
@@ -132,7 +162,10 @@ def _aggregated(config: Config, version: str) -> dict[str, Any]:
                 "versions": [
                     {
                         "version": config.version,
-                        "resources": [_discovered(config, p) for p in config.parents],
+                        "resources": [
+                            *(_discovered(config, p) for p in config.parents),
+                            _sessions(config),
+                        ],
                         "freshness": "Current",
                     }
                 ],
@@ -150,9 +183,23 @@ def _discovered(config: Config, parent: ParentSpec) -> dict[str, Any]:
         "singularResource": parent.singular,
         "verbs": [],
         "subresources": [
-            {"subresource": sub, "responseKind": kind, "verbs": _verbs(sub)}
-            for sub in parent.subresources
+            {
+                "subresource": sub,
+                "responseKind": {**kind, "kind": KINDS.get(sub, parent.kind)},
+                "verbs": _verbs(sub),
+            }
+            for sub in served(parent)
         ],
+    }
+
+
+def _sessions(config: Config) -> dict[str, Any]:
+    return {
+        "resource": "sessions",
+        "responseKind": {"group": config.group, "version": config.version, "kind": "Session"},
+        "scope": "Namespaced",
+        "singularResource": "session",
+        "verbs": ["list"],
     }
 
 

@@ -124,6 +124,24 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.consoles_kept = Gauge(
+            "subres_consoles_kept",
+            "Kept consoles whose backend connection is open now.",
+            registry=self.registry,
+        )
+        self.events_dropped = Counter(
+            "subres_events_dropped",
+            "Kubernetes Events about sessions not sent, by why (rate: the object's limit; "
+            "queue: too many waiting).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.events_failed = Counter(
+            "subres_events_failed",
+            "Kubernetes Events about sessions the apiserver refused or did not answer.",
+            registry=self.registry,
+        )
+
     def watch_caches(self, caches: Mapping[str, CacheStats]) -> None:
         """Report the hits and misses of `caches` (by name) at every scrape."""
         self.registry.register(_AuthCaches(caches))

@@ -91,7 +91,7 @@ async def _admit(state: State, request: web.Request) -> UserInfo:
     except Unauthenticated as exc:
         log.info("%s %s: unauthenticated: %s", request.method, request.path, exc)
         raise StatusError(401, "Unauthorized") from None
-    attrs = attributes.from_request(request.method, request.path)
+    attrs = attributes.from_request(request.method, request.path, request.query)
     decision = await state.authorizer.authorize(user, attrs)
     if not decision.allowed:
         if user.anonymous:

@@ -1,4 +1,4 @@
-"""OpenAPI v2 and v3 documents of the served subresources.
+"""OpenAPI v2 and v3 documents of the served subresources and the `Session` reads.
 
 kube-apiserver merges `/openapi/v2` into its own spec and links
 `/openapi/v3/apis/{group}/{version}` by hash; both are built once.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from subres.config import Config
-from subres.server.discovery import VERBS
+from subres.server.discovery import KINDS, VERBS, served
 
 __all__ = ["Specs", "build"]
 
@@ -57,39 +57,54 @@ def _operations(config: Config) -> dict[str, tuple[str, str, str]]:
     return {
         f"{base}/{p.resource}/{{name}}/{sub}": (p.kind, sub, p.resource)
         for p in config.parents
-        for sub in p.subresources
+        for sub in served(p)
     }
 
 
-def _params(in_v3: bool) -> list[dict[str, Any]]:
-    def param(name: str, what: str) -> dict[str, Any]:
-        schema: dict[str, Any] = {"schema": {"type": "string"}} if in_v3 else {"type": "string"}
-        return {"name": name, "in": "path", "required": True, "description": what, **schema}
+def _param(name: str, what: str, v3: bool, *, where: str = "path") -> dict[str, Any]:
+    schema: dict[str, Any] = {"schema": {"type": "string"}} if v3 else {"type": "string"}
+    return {"name": name, "in": where, "required": where == "path", "description": what, **schema}
 
-    return [
-        param("name", "name of the parent object"),
-        param("namespace", "object name and auth scope, such as for teams and projects"),
-    ]
+
+def _params(v3: bool, *, named: bool = True) -> list[dict[str, Any]]:
+    namespace = _param(
+        "namespace", "object name and auth scope, such as for teams and projects", v3
+    )
+    return [_param("name", "name of the parent object", v3), namespace] if named else [namespace]
+
+
+def _gvk(config: Config, kind: str) -> dict[str, str]:
+    return {"group": config.group, "version": config.version, "kind": kind}
+
+
+def _ref(config: Config, kind: str, v3: bool) -> dict[str, str]:
+    where = "#/components/schemas/" if v3 else "#/definitions/"
+    return {"$ref": where + _definition(config, kind)}
+
+
+def _definition(config: Config, kind: str) -> str:
+    """`dev.subres.subresources.v1alpha1.Session`: reversed group, version, kind."""
+    return ".".join([*reversed(config.group.split(".")), config.version, kind])
+
+
+def _ok(schema: dict[str, Any], types: list[str], v3: bool) -> dict[str, Any]:
+    if v3:
+        return {"description": "OK", "content": {t: {"schema": schema} for t in types}}
+    return {"description": "OK", "schema": schema}
 
 
 def _operation(config: Config, kind: str, sub: str, verb: str, v3: bool) -> dict[str, Any]:
     produces = PRODUCES.get(sub, ["*/*"])
-    ok: dict[str, Any] = {"description": "OK"}
-    if v3:
-        ok["content"] = {t: {"schema": {"type": "string"}} for t in produces}
-    else:
-        ok["schema"] = {"type": "string"}
     op: dict[str, Any] = {
         "description": f"connect {verb.upper()} requests to {sub} of {kind}",
-        "operationId": f"connect{verb.capitalize()}Namespaced{kind}{sub.capitalize()}",
+        "operationId": f"connect{verb.capitalize()}Namespaced{kind}{_camel(sub)}",
         "tags": [config.group],
-        "responses": {"200": ok, "401": {"description": "Unauthorized"}},
-        "x-kubernetes-action": "connect",
-        "x-kubernetes-group-version-kind": {
-            "group": config.group,
-            "version": config.version,
-            "kind": kind,
+        "responses": {
+            "200": _ok({"type": "string"}, produces, v3),
+            "401": {"description": "Unauthorized"},
         },
+        "x-kubernetes-action": "connect",
+        "x-kubernetes-group-version-kind": _gvk(config, kind),
     }
     if not v3:
         op["produces"] = produces
@@ -97,16 +112,124 @@ def _operation(config: Config, kind: str, sub: str, verb: str, v3: bool) -> dict
     return op
 
 
+def _read(
+    config: Config, *, operation: str, what: str, v3: bool, kind: str = "SessionList"
+) -> dict[str, Any]:
+    """A GET answering a list (`SessionList`, `RecordingList`)."""
+    op: dict[str, Any] = {
+        "description": what,
+        "operationId": operation,
+        "tags": [config.group],
+        "responses": {
+            "200": _ok(_ref(config, kind, v3), ["application/json"], v3),
+            "401": {"description": "Unauthorized"},
+        },
+        "x-kubernetes-action": "list",
+        "x-kubernetes-group-version-kind": _gvk(config, kind.removesuffix("List")),
+    }
+    if not v3:
+        op["produces"] = ["application/json"]
+        op["schemes"] = ["https"]
+    return op
+
+
 def _paths(config: Config, v3: bool) -> dict[str, Any]:
-    return {
-        path: {
+    paths: dict[str, Any] = {}
+    for path, (kind, sub, _) in _operations(config).items():
+        if sub in KINDS:
+            what = f"list the {sub} of a {kind}"
+            operation = f"readNamespaced{kind}{_camel(sub)}"
+            paths[path] = {
+                "get": _read(config, operation=operation, what=what, v3=v3, kind=KINDS[sub]),
+                "parameters": _params(v3),
+            }
+            continue
+        paths[path] = {
             **{
                 METHODS[verb]: _operation(config, kind, sub, METHODS[verb], v3)
                 for verb in VERBS.get(sub, ["get"])
             },
             "parameters": _params(v3),
         }
-        for path, (kind, sub, _) in _operations(config).items()
+    prefix = f"/apis/{config.group}/{config.version}"
+    for path, operation, where, namespaced in (
+        (
+            f"{prefix}/namespaces/{{namespace}}/sessions",
+            "listNamespacedSession",
+            "a namespace",
+            True,
+        ),
+        (f"{prefix}/sessions", "listSessionForAllNamespaces", "every namespace", False),
+    ):
+        what = f"list the live sessions in {where}"
+        paths[path] = {"get": _read(config, operation=operation, what=what, v3=v3)}
+        if namespaced:
+            paths[path]["parameters"] = _params(v3, named=False)
+    return paths
+
+
+def _schemas(config: Config, v3: bool) -> dict[str, Any]:
+    text = {"type": "string"}
+    count = {"type": "integer", "format": "int64"}
+    session = {
+        "description": "A live streaming session on one replica.",
+        "type": "object",
+        "properties": {
+            "apiVersion": text,
+            "kind": text,
+            "metadata": {"type": "object"},
+            "parent": {
+                "type": "object",
+                "properties": {"apiVersion": text, "kind": text, "name": text},
+            },
+            "subresource": text,
+            "mode": {**text, "description": "writer, observer, viewer or forwarder"},
+            "user": text,
+            "dialect": text,
+            "clientAddress": text,
+            "since": {**text, "format": "date-time"},
+            "bytesUp": count,
+            "bytesDown": count,
+            "recorded": {"type": "boolean"},
+            "replica": text,
+        },
+        "x-kubernetes-group-version-kind": [_gvk(config, "Session")],
+    }
+    recording = {
+        "description": "A recorded console session (asciicast v2), read at …/recordings/NAME.",
+        "type": "object",
+        "properties": {
+            "name": text,
+            "size": count,
+            "started": {**text, "format": "date-time"},
+            "modified": {**text, "format": "date-time"},
+            "title": text,
+        },
+    }
+    return {
+        _definition(config, "Session"): session,
+        _definition(config, "SessionList"): _list(config, "Session", "Live sessions.", v3),
+        _definition(config, "Recording"): recording,
+        _definition(config, "RecordingList"): _list(
+            config, "Recording", "A machine's recorded console sessions, newest first.", v3
+        ),
+    }
+
+
+def _list(config: Config, kind: str, what: str, v3: bool) -> dict[str, Any]:
+    """The schema of a `KindList`."""
+    text = {"type": "string"}
+    return {
+        "description": what,
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "apiVersion": text,
+            "kind": text,
+            "metadata": {"type": "object"},
+            "items": {"type": "array", "items": _ref(config, kind, v3)},
+        },
+        "x-kubernetes-group-version-kind": [_gvk(config, f"{kind}List")],
     }
 
 
@@ -115,7 +238,7 @@ def _swagger(config: Config) -> dict[str, Any]:
         "swagger": "2.0",
         "info": {"title": "subres", "version": config.version},
         "paths": _paths(config, v3=False),
-        "definitions": {},
+        "definitions": _schemas(config, v3=False),
     }
 
 
@@ -124,8 +247,13 @@ def _openapi3(config: Config) -> dict[str, Any]:
         "openapi": "3.0.0",
         "info": {"title": "subres", "version": config.version},
         "paths": _paths(config, v3=True),
-        "components": {"schemas": {}},
+        "components": {"schemas": _schemas(config, v3=True)},
     }
+
+
+def _camel(name: str) -> str:
+    """`console-observe` → `ConsoleObserve`."""
+    return "".join(part.capitalize() for part in name.split("-"))
 
 
 def _dump(obj: Any) -> bytes:

@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subres.server import connections
+from subres.backends import agent
+from subres.server import certs, connections
 
 __all__ = ["Options", "add_arguments", "add_operator_arguments", "duration"]
 
@@ -36,6 +37,7 @@ class Options:
     service_namespace: str
     authorization_always_allow_paths: tuple[str, ...]
     shutdown_grace: float
+    """Seconds, after the delay, for live sessions to end before they are dropped and we exit."""
     connections: connections.Limits = field(default_factory=connections.Limits)
     """`--tls-handshake-timeout`, `--request-header-timeout`, `--idle-timeout`,
     `--max-unauthenticated-connections`."""
@@ -69,6 +71,31 @@ class Options:
     """Seconds denied SubjectAccessReview verdicts are cached."""
     access_log: bool = False
     """Log one line per HTTP request (`--access-log`)."""
+    shutdown_delay: float = 0.0
+    """Seconds a terminating server keeps serving, not ready, before it stops accepting."""
+    lease_namespace: str = ""
+    """Cluster mode: where session Leases live; empty means `service_namespace`."""
+    lease_duration: float = 30.0
+    """Cluster mode: seconds a session Lease nobody renews keeps blocking `preserveSession`."""
+    lease_renew_interval: float = 10.0
+    """Cluster mode: seconds between renewals of a live session's Lease."""
+    replica_name: str = ""
+    """Cluster mode: this replica in session Lease holder identities; empty means the host name."""
+    agents: tuple[tuple[str, str], ...] = ()
+    """Standalone: (node, https URL) of each node agent (`--agent NODE=URL`)."""
+    agent_ca_file: Path | None = None
+    """CA of the agents' serving certificates; agents are used only with it."""
+    agent_client_cert_file: Path | None = None
+    """The client certificate this replica presents to agents."""
+    agent_client_key_file: Path | None = None
+    agent_server_name: str = ""
+    """The name every agent's certificate carries (default subres-agent.<namespace>.svc)."""
+    agent_selector: str = "app.kubernetes.io/name=subres-agent"
+    """Cluster mode: label selector of the agent pods in the service namespace."""
+    agent_port_name: str = "relay"
+    """Cluster mode: name of the agent container's relay port."""
+    session_audit_log: str = "-"
+    """Where session audit lines go: "-" stdout, "" nowhere, else a file."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -95,6 +122,7 @@ class Options:
                 idle_timeout=ns.idle_timeout,
                 max_unauthenticated=ns.max_unauthenticated_connections,
             ),
+            shutdown_delay=ns.shutdown_delay,
             kubeconfig=ns.kubeconfig,
             authentication_kubeconfig=ns.authentication_kubeconfig,
             authorization_kubeconfig=ns.authorization_kubeconfig,
@@ -112,6 +140,19 @@ class Options:
                 ns.authorization_webhook_cache_unauthorized_ttl
             ),
             access_log=ns.access_log,
+            lease_namespace=ns.lease_namespace,
+            lease_duration=ns.lease_duration,
+            lease_renew_interval=ns.lease_renew_interval,
+            replica_name=ns.replica_name,
+            agents=tuple(_agent(text) for text in ns.agent or ()),
+            agent_ca_file=ns.agent_ca_file,
+            agent_client_cert_file=ns.agent_client_cert_file,
+            agent_client_key_file=ns.agent_client_key_file,
+            agent_server_name=ns.agent_server_name
+            or f"{certs.AGENT_SERVICE}.{ns.service_namespace}.svc",
+            agent_selector=ns.agent_selector,
+            agent_port_name=ns.agent_port_name,
+            session_audit_log=ns.session_audit_log,
         )
 
     def validate(self) -> list[str]:
@@ -133,7 +174,11 @@ class Options:
                 problems.append(f"{flag} must be positive")
         if limits.max_unauthenticated < 1:
             problems.append("--max-unauthenticated-connections must be at least 1")
+        if self.shutdown_delay < 0:
+            problems.append("--shutdown-delay must not be negative")
         problems += self._mode_problems()
+        problems += self._lease_problems()
+        problems += self._agent_problems()
         for flag, ttl in (
             (
                 "--authentication-token-webhook-cache-ttl",
@@ -150,6 +195,32 @@ class Options:
         ):
             if ttl < 0:
                 problems.append(f"{flag} must not be negative")
+        return problems
+
+    def _lease_problems(self) -> list[str]:
+        problems = []
+        if self.lease_duration < 1 or not self.lease_duration.is_integer():
+            problems.append("--lease-duration must be a whole number of seconds, at least 1s")
+        if not 0 < self.lease_renew_interval < self.lease_duration:
+            problems.append("--lease-renew-interval must be above 0 and below --lease-duration")
+        return problems
+
+    def _agent_problems(self) -> list[str]:
+        problems = []
+        files = (self.agent_ca_file, self.agent_client_cert_file, self.agent_client_key_file)
+        if any(files) and not all(files):
+            problems.append(
+                "--agent-ca-file, --agent-client-cert-file and --agent-client-key-file go together"
+            )
+        for node, url in self.agents:
+            try:
+                agent.parse_agent_url(url)
+            except ValueError as exc:
+                problems.append(f"--agent {node}={url}: {exc}")
+            if not node:
+                problems.append(f"--agent ={url}: want NODE=https://HOST:PORT")
+        if self.agents and self.standalone is None:
+            problems.append("--agent is for --standalone; in a cluster agents are found by pod")
         return problems
 
     def _mode_problems(self) -> list[str]:
@@ -201,12 +272,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated paths anyone may GET (a trailing * matches a prefix); "
         "the browser page under /ui holds no secrets",
     )
+    add(
+        "--session-audit-log",
+        default="-",
+        metavar="PATH",
+        help='one JSON line per session start and end: "-" for stdout (the default), '
+        "a file to append to, or an empty string for none",
+    )
     _add_cluster_arguments(parser)
+    _add_agent_arguments(parser)
+    add(
+        "--shutdown-delay",
+        type=duration,
+        default=0.0,
+        help="on SIGTERM, keep serving this long with /readyz failing, so that endpoints "
+        "update before the listener closes (a second signal skips it)",
+    )
     add(
         "--shutdown-grace",
-        type=float,
+        type=duration,
         default=5.0,
-        help="seconds live sessions get to close on SIGTERM",
+        help="then, how long live sessions get to end after being told (close code 1001); "
+        "the server exits within --shutdown-delay plus this, whatever the sessions do",
     )
     _add_connection_arguments(parser)
     add_operator_arguments(parser)
@@ -291,12 +378,67 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start even if kube-system/extension-apiserver-authentication cannot be read",
     )
+    add(
+        "--lease-namespace",
+        default="",
+        help="namespace of the session Leases that keep console and vnc exclusive across "
+        "replicas (default: --service-namespace)",
+    )
+    add(
+        "--lease-duration",
+        type=duration,
+        default=30.0,
+        help="how long a session Lease nobody renews (its replica died) still blocks "
+        "preserveSession (whole seconds)",
+    )
+    add(
+        "--lease-renew-interval",
+        type=duration,
+        default=10.0,
+        help="how often a live console or vnc session renews its Lease",
+    )
+    add(
+        "--replica-name",
+        default="",
+        help="this replica in session Lease holder identities (default: the host name, "
+        "which is the pod name)",
+    )
     for flag in (
         "--authentication-token-webhook-cache-ttl",
         "--authorization-webhook-cache-authorized-ttl",
         "--authorization-webhook-cache-unauthorized-ttl",
     ):
         add(flag, type=duration, default=10.0, help="how long verdicts are cached (e.g. 10s, 1m)")
+
+
+def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags for reaching node agents."""
+    add = parser.add_argument
+    add(
+        "--agent",
+        action="append",
+        metavar="NODE=URL",
+        help="standalone: the agent of NODE at https://HOST:PORT (repeatable)",
+    )
+    add("--agent-ca-file", type=Path, help="CA of the node agents' serving certificates")
+    add("--agent-client-cert-file", type=Path, help="client certificate presented to agents")
+    add("--agent-client-key-file", type=Path, help="its key")
+    add(
+        "--agent-server-name",
+        default="",
+        help="name the agents' certificates carry (default subres-agent.<namespace>.svc)",
+    )
+    add(
+        "--agent-selector",
+        default="app.kubernetes.io/name=subres-agent",
+        help="cluster mode: label selector of the agent pods in --service-namespace",
+    )
+    add("--agent-port-name", default="relay", help="cluster mode: the agents' relay port name")
+
+
+def _agent(text: str) -> tuple[str, str]:
+    node, _, url = text.partition("=")
+    return node.strip(), url.strip()
 
 
 def duration(text: str) -> float:

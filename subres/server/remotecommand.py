@@ -11,7 +11,7 @@ to the backend, the backend's output to stdout; window sizes go to a backend
 that takes them (a serial line has no size). When the backend closes: stdout
 ends, v4 reports its exit status on the error stream (a Success `Status`
 unless it ran a command that failed), and the session closes cleanly. One
-console per machine: a newer session takes over.
+console per machine: a newer session takes over; observers' stdin goes nowhere.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from subres.engine.spdy import SpdySession, SpdyStream
 from subres.kube.status import exited, failure
 from subres.protocol import httpstream
 from subres.protocol.spdy import Role
-from subres.server import portforward_spdy, session, subresource
+from subres.server import portforward_spdy, session
 from subres.server.state import State
+from subres.server.subresource import Target
 from subres.streams import upgrade
 from subres.streams.pump import Outcome, Traffic, pump
 from subres.streams.websocket import CloseCode
 
-__all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "handle"]
+__all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "negotiate", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -44,35 +45,50 @@ STREAM_TIMEOUT = 30.0
 """Seconds backend output waits for the client's stdout stream (kubelet's creation timeout)."""
 
 
-async def handle(state: State, request: web.Request) -> web.StreamResponse:
-    """Check, negotiate, dial, then upgrade to SPDY and stream; one console per machine."""
-    target = subresource.resolve(state, request, "console")
-    url = subresource.endpoint_url(target)
+def negotiate(request: web.Request) -> str:
+    """The remote-command protocol to speak (403 listing what is accepted)."""
     try:
-        protocol = httpstream.negotiate(
+        return httpstream.negotiate(
             request.headers.getall(httpstream.VERSION_HEADER, None), PROTOCOLS
         )
     except httpstream.HandshakeRefused as exc:
         raise portforward_spdy.refusal(exc) from None
-    backend = await subresource.connect(state, target, url)
+
+
+async def serve(
+    state: State,
+    request: web.Request,
+    *,
+    target: Target,
+    protocol: str,
+    backend: ByteStream,
+    exclusive: bool,
+    mode: str,
+) -> web.StreamResponse:
+    """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`."""
     try:
-        response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
-        spdy = SpdySession(
-            socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
-        )
-        client = RemoteCommandClient(spdy, protocol, Terminal(backend))
-        async with (
-            spdy,
-            session.live(
-                state,
-                request,
-                target=target,
-                dialect=f"spdy/{protocol}",
-                client=client,
-                exclusive=True,
-            ) as live,
-        ):
-            await live.run(_serve(client, backend, live.record.traffic))
+        async with session.hold(state, request, target=target, exclusive=exclusive) as claim:
+            response, socket = await upgrade.upgrade(
+                request, httpstream.switching_headers(protocol)
+            )
+            spdy = SpdySession(
+                socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
+            )
+            client = RemoteCommandClient(spdy, protocol, Terminal(backend))
+            async with (
+                spdy,
+                session.live(
+                    state,
+                    request,
+                    target=target,
+                    dialect=f"spdy/{protocol}",
+                    client=client,
+                    claim=claim,
+                    mode=mode,
+                    backend=backend,
+                ) as live,
+            ):
+                await live.run(_serve(client, backend, live.record.traffic))
     finally:
         await backend.close()
     return response

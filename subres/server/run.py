@@ -4,14 +4,26 @@
 the listener, the background watchers and an orderly shutdown. `complete`
 builds standalone mode; `complete_cluster` builds cluster mode, whose
 apiserver-facing parts live in `subres.server.cluster`.
+
+Shutdown (`serve`, on SIGTERM or SIGINT): `/readyz` fails at once; the server
+keeps serving for `--shutdown-delay` (a second signal cuts it short) so that
+endpoints stop sending it requests; then `Server.stop` takes at most
+`--shutdown-grace`: it stops accepting, tells every live session the server
+is going away (1001), waits for them to end until a last step before the
+deadline, drops the connections of any that did not (a client that reads
+nothing, a peer that never hangs up), lets aiohttp finish the other
+requests, and gives up the session Leases in what remains.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import signal
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,16 +35,21 @@ from subres.auth.authn import Authenticator
 from subres.auth.authz import StandaloneAuthorizer
 from subres.auth.cafile import CAFile
 from subres.auth.tokenfile import TokenFile
+from subres.backends.agent import Agents, ClientTLS, Directory, StaticDirectory
 from subres.kube.cache import ParentCache
 from subres.kube.informer import InformerSettings
 from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import certs, cluster, connections
+from subres.server import audit, certs, cluster, connections
+from subres.server.audit import SessionAudit
+from subres.server.events import KubeEvents
+from subres.server.metrics import Metrics
 from subres.server.options import Options
 from subres.server.state import State
 from subres.server.tls import ReloadingTLS
 from subres.streams import internals
+from subres.streams.sessions import Sessions
 
 __all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
 
@@ -40,6 +57,10 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 1.0
 """Seconds between checks of the certificate, token, CA and standalone files."""
+LAST_STEP = 1.0
+"""Seconds of the shutdown grace (at most half of it) kept for after the sessions:
+finishing other requests, deleting session Leases."""
+GOING_AWAY = "the server is shutting down"
 
 
 class Reloadable(Protocol):
@@ -57,8 +78,8 @@ class Background(Protocol):
         """Start it, before the listener opens."""
         ...
 
-    async def stop(self) -> None:
-        """Stop it, after the listener closed."""
+    async def stop(self, *, grace: float) -> None:
+        """Stop it within `grace` seconds, after the listener closed."""
         ...
 
 
@@ -111,16 +132,46 @@ class Server:
         log.info("serving on https://%s:%d", self.options.bind_address, self.port)
         return self.port
 
+    async def drain(self, *, cut_short: asyncio.Event) -> None:
+        """Fail readiness, keep serving for the shutdown delay (or until `cut_short`), stop."""
+        self.state.draining = True
+        log.info("shutting down: not ready; serving %.1fs more", self.options.shutdown_delay)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.options.shutdown_delay):
+                await cut_short.wait()
+        await self.stop()
+
     async def stop(self) -> None:
-        """Close live sessions with 1001, stop listening, stop the watchers."""
+        """Stop accepting, end live sessions (1001), stop the watchers: within the grace."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.shutdown_grace
+        last = min(LAST_STEP, self.options.shutdown_grace / 2)
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.wait([self._watcher])
         if self.runner is not None:
-            await self.runner.cleanup()
+            for site in list(self.runner.sites):
+                await site.stop()
+            await self._end_sessions(until=deadline - last)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline - last / 2):
+                    await self.runner.cleanup()
         await self.state.reclaimer.stop()
         if self.background is not None:
-            await self.background.stop()
+            await self.background.stop(grace=max(0.0, deadline - loop.time()))
+
+    async def _end_sessions(self, *, until: float) -> None:
+        """Tell every live session to go; drop the connections of those left at `until`."""
+        sessions = self.state.sessions
+        closing = asyncio.create_task(sessions.close_all(GOING_AWAY))
+        try:
+            async with asyncio.timeout_at(until):
+                await sessions.ended()
+        except TimeoutError:
+            log.warning("dropping %d sessions still open at the end of the grace", len(sessions))
+            sessions.drop_all()
+        closing.cancel()  # a close frame stuck behind a client that reads nothing
+        await asyncio.wait([closing])
 
     async def _watch(self) -> None:
         while True:
@@ -159,6 +210,8 @@ def complete(options: Options) -> Server:
         tls_ready=tls.ready,
         secrets=CachedSecrets(secrets),
         connections=connections.Guard(options.connections),
+        agents=_agents(options, StaticDirectory(dict(options.agents))),
+        audit=SessionAudit(audit.open_log(options.session_audit_log)),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 
@@ -177,6 +230,8 @@ async def complete_cluster(
     # The CA files the ConfigMap names must exist before the TLS context reads them.
     await asyncio.to_thread(parts.auth.reload_if_changed)
     tls = ReloadingTLS(cert=cert, key=key, client_ca=parts.auth.ca_paths, empty_client_ca_ok=True)
+    metrics = Metrics()
+    replica = options.replica_name or socket.gethostname()
     state = State(
         config=config,
         caches=parts.caches,
@@ -184,8 +239,14 @@ async def complete_cluster(
         authorizer=parts.authorizer,
         tls_ready=tls.ready,
         connections=connections.Guard(options.connections),
-        readiness={"authentication-config": lambda: parts.auth.ready},
-        secrets=ApiSecrets(parts.apis[0]),
+        readiness=_readiness(parts),
+        secrets=ApiSecrets(parts.main),
+        sessions=Sessions(shared=parts.leases),
+        agents=_agents(options, parts.agents or StaticDirectory({})),
+        metrics=metrics,
+        audit=SessionAudit(audit.open_log(options.session_audit_log)),
+        events=KubeEvents(parts.main, metrics=metrics, instance=replica),
+        replica=replica,
     )
     state.metrics.watch_caches(
         {
@@ -194,6 +255,32 @@ async def complete_cluster(
         }
     )
     return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
+
+
+def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
+    """Cluster mode's /readyz checks beyond TLS and the parent caches."""
+    checks: dict[str, Callable[[], bool]] = {
+        "authentication-config": lambda: parts.auth.ready,
+        "session-leases": lambda: parts.leases.synced,
+    }
+    agents = parts.agents
+    if agents is not None:
+        # Until the agent pods are listed, every node would look agentless (503).
+        checks["agent-pods"] = lambda: agents.synced
+    return checks
+
+
+def _agents(options: Options, directory: Directory) -> Agents:
+    """How node-local endpoints are reached: agents need the client certificate files."""
+    tls = None
+    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
+        tls = ClientTLS(
+            cert=options.agent_client_cert_file,
+            key=options.agent_client_key_file,
+            ca=options.agent_ca_file,
+            server_name=options.agent_server_name,
+        )
+    return Agents(directory=directory, tls=tls)
 
 
 def _serving_pair(options: Options) -> tuple[Path, Path]:
@@ -216,13 +303,17 @@ async def serve(options: Options) -> None:
     """Run until SIGTERM or SIGINT, then shut down in order."""
     raise_open_files_limit()
     server = complete(options) if options.standalone else await complete_cluster(options)
-    stop = asyncio.Event()
+    signalled = [asyncio.Event(), asyncio.Event()]
+
+    def on_signal() -> None:
+        # The first signal starts the shutdown; a second one cuts its delay short.
+        next((e for e in signalled if not e.is_set()), signalled[-1]).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await server.start()
     try:
-        await stop.wait()
+        await signalled[0].wait()
     finally:
-        log.info("shutting down")
-        await server.stop()
+        await server.drain(cut_short=signalled[1])

@@ -1,16 +1,33 @@
 """The one lifecycle of every streaming session, whatever its subresource and dialect.
 
-Every handler runs its live part inside `live(...)`, after the upgrade:
+Every handler runs its live part inside `live(...)`, after the upgrade; a
+session with an exclusive slot (console, vnc) takes it with `hold(...)`
+first, before the upgrade:
 
-    async with session.live(state, request, target=..., dialect=..., client=...) as s:
-        await s.run(pump(client, backend, s.record.traffic))
+    async with session.hold(state, request, target=..., exclusive=True) as claim:
+        ...upgrade...
+        async with session.live(state, request, target=..., dialect=..., client=...,
+                                claim=claim) as s:
+            await s.run(pump(client, backend, s.record.traffic))
 
-Entering registers the session (an exclusive one takes over its predecessor)
-and counts it; `run` awaits the work and keeps its outcome, or that the
-client's connection was lost (aiohttp then cancels the handler, and the work
-stops both directions as it unwinds); leaving forgets the session, records
-how and why it ended (`Record`), updates the metrics and logs one line. This
-is the place that audit, observers and Leases hook into.
+Holding takes the slot over from its predecessor, which is closed with 4001
+naming the new user, here or (cluster mode, through session Leases) on
+another replica. It comes before the upgrade because it can fail (409 for
+`preserveSession`, 503 when the replicas cannot be coordinated), and the
+client must get that as a `Status`; leaving it gives the slot up. Entering
+`live` registers the session and counts it; `run` awaits the work and keeps
+its outcome, or that the client's connection was lost (aiohttp then cancels
+the handler, and the work stops both directions as it unwinds); leaving
+forgets the session, records how and why it ended (`Record`), updates the
+metrics and logs one line. Entering also tells a backend that wants to know
+(an observer's feed, which may have to cut its client off) how to close the
+session. This is the place that audit and observers hook into. Both are
+plain objects rather than generator-based context managers: an idle session
+should cost no frame.
+
+Every session has a mode: a console's `writer` (one at a time) or
+`observer` (any number, read-only), a display's interactive `viewer` (one at
+a time) or view-only `observer`, a port-forward's `forwarder`.
 """
 
 from __future__ import annotations
@@ -19,23 +36,43 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from subres.kube.status import StatusError
+from subres.server import events, recordings
 from subres.server.middleware import USER
 from subres.server.state import State
 from subres.server.subresource import Target
 from subres.streams.pump import Ending, Outcome, Traffic
-from subres.streams.sessions import Closable, SessionKey
+from subres.streams.sessions import Busy, Claim, Closable, SessionKey
 
-__all__ = ["Live", "Record", "live"]
+__all__ = [
+    "FORWARDER",
+    "OBSERVER",
+    "VIEWER",
+    "WRITER",
+    "Hold",
+    "Live",
+    "Record",
+    "busy",
+    "hold",
+    "key",
+    "live",
+]
 
 log = logging.getLogger(__name__)
 
 LOST = Outcome(Ending.CLIENT, "the client connection was lost")
+
+WRITER = "writer"
+OBSERVER = "observer"
+VIEWER = "viewer"
+FORWARDER = "forwarder"
+DEFAULT_MODES = {"console": WRITER, "vnc": VIEWER, "portforward": FORWARDER}
 
 
 @dataclass
@@ -43,6 +80,8 @@ class Record:
     """What is known of one session: who, what, how much, and how it ended."""
 
     subresource: str
+    mode: str
+    """writer, observer, viewer or forwarder."""
     dialect: str
     """The negotiated subprotocol or stream protocol; "raw" for none."""
     kind: str
@@ -53,6 +92,10 @@ class Record:
     client: str
     """The client's address as this server sees it (kube-apiserver's, behind it)."""
     request_id: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This session's own name, unique and safe to show (request ids come from clients)."""
+    recorded: bool = False
+    """The console session is being recorded."""
     started: float = field(default_factory=time.time)
     traffic: Traffic = field(default_factory=Traffic)
     outcome: Outcome | None = None
@@ -72,6 +115,7 @@ class Record:
         outcome = self.outcome
         return {
             "subresource": self.subresource,
+            "mode": self.mode,
             "dialect": self.dialect,
             "kind": self.kind,
             "namespace": self.namespace,
@@ -80,6 +124,7 @@ class Record:
             "groups": list(self.groups),
             "client": self.client,
             "requestID": self.request_id,
+            "session": self.id,
             "start": self.started,
             "end": self.ended,
             "bytesUp": self.traffic.up,
@@ -97,22 +142,79 @@ class Live:
     """
 
     def __init__(
-        self, state: State, record: Record, client: Closable, key: SessionKey | None
+        self,
+        state: State,
+        record: Record,
+        client: Closable,
+        *,
+        claim: Claim | None,
+        transport: asyncio.BaseTransport | None,
+        target: Target,
+        backend: object = None,
     ) -> None:
         self.state = state
         self.record = record
         self.client = client
-        self.key = key
+        self.claim = claim
+        self.transport = transport
+        self.target = target
+        """The parent as it was when the session started (Events name it)."""
+        self.backend = backend
+
+    @property
+    def parent(self) -> Mapping[str, Any]:
+        """The parent object."""
+        return self.target.obj
 
     async def __aenter__(self) -> Live:
-        await self.state.sessions.start(self.key, self, holder=self.record.user)
+        self.state.sessions.start(self.claim, self)
         self.state.metrics.session_started(self.record.subresource)
+        attached = getattr(self.backend, "attached", None)
+        if callable(attached):
+            attached(self._close_later)
+        self._record_console()
+        fields = self.record.fields()
+        self.state.audit.started(fields)
+        self._event(events.opened(fields))
         return self
 
+    def _record_console(self) -> None:
+        """Join the console's recording when it is recorded, and tell the client so."""
+        target = self.target
+        hub = self.state.sessions.hubs.get(key(target))
+        if hub is None or not self.state.recordings.wanted(target.spec, target.obj):
+            return
+        self.state.recordings.joined(
+            hub,
+            namespace=target.namespace,
+            name=target.name,
+            title=f"{target.describe()} console",
+            who=f"{self.record.user} ({self.record.mode})",
+        )
+        self.record.recorded = True
+        announce = getattr(self.backend, "announce", None)
+        if callable(announce):
+            announce(recordings.BANNER)
+
+    def _event(self, event: tuple[str, str] | None) -> None:
+        if event is not None:
+            reason, message = event
+            self.state.events.emit(self.parent, reason=reason, message=message)
+
+    def _close_later(self, code: int, reason: str) -> None:
+        self.state.sessions.close_later(self, code, reason)
+
     async def __aexit__(self, *_: object) -> None:
-        self.state.sessions.end(self.key, self)
+        self.state.sessions.end(self.claim, self)
         _finish(self.record, self.client)
         _report(self.state, self.record)
+        if self.record.recorded:
+            hub = self.state.sessions.hubs.get(key(self.target))
+            if hub is not None:
+                self.state.recordings.left(hub, who=f"{self.record.user} ({self.record.mode})")
+        fields = self.record.fields()
+        self.state.audit.ended(fields)
+        self._event(events.closed(fields))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the client side (a takeover, a shutdown), remembering the code and reason."""
@@ -120,6 +222,13 @@ class Live:
             self.record.code = code
             self.record.reason = reason
         await self.client.close(code, reason)
+
+    def drop(self) -> None:
+        """Drop the client's connection at once (a shutdown whose grace ran out)."""
+        if self.record.code is None:
+            self.record.reason = "dropped: the server's shutdown grace ran out"
+        if isinstance(self.transport, asyncio.Transport):
+            self.transport.abort()
 
     async def run(self, work: Awaitable[Outcome]) -> Outcome:
         """Run the session's work to its end and keep how it ended.
@@ -136,6 +245,68 @@ class Live:
         return self.record.outcome
 
 
+class Hold:
+    """A session's exclusive slot, from before its upgrade to its end; `hold()` builds it.
+
+    Entering claims the slot (a `Claim`; None for a session without one),
+    leaving releases it.
+    """
+
+    def __init__(self, state: State, request: web.Request, target: Target, *, preserve: bool):
+        self.state = state
+        self.request = request
+        self.target = target
+        self.preserve = preserve
+        self.claim: Claim | None = None
+
+    async def __aenter__(self) -> Claim:
+        try:
+            self.claim = await self.state.sessions.claim(
+                key(self.target), user=self.request[USER].name, preserve=self.preserve
+            )
+        except Busy:
+            raise busy(self.target) from None
+        return self.claim
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.claim is not None:
+            self.state.sessions.release(self.claim)
+
+
+class _NoHold:
+    """The slot of a session that has none."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+
+def key(target: Target) -> SessionKey:
+    """The exclusive slot of `target`'s subresource."""
+    return SessionKey(target.parent.resource, target.spec.name, target.namespace, target.name)
+
+
+def busy(target: Target) -> StatusError:
+    """The 409 of a session that asked to preserve the one holding its slot."""
+    return StatusError(
+        409,
+        f"{target.describe()} already has a {target.spec.name} session; "
+        "connect without preserveSession=true to take it over",
+    )
+
+
+def hold(
+    state: State, request: web.Request, *, target: Target, exclusive: bool, preserve: bool = False
+) -> Hold | _NoHold:
+    """The session's exclusive slot, to enter before the upgrade (see the module docstring).
+
+    With `preserve`, a slot another session holds is a 409 instead of a takeover.
+    """
+    return Hold(state, request, target, preserve=preserve) if exclusive else _NoHold()
+
+
 def live(
     state: State,
     request: web.Request,
@@ -143,12 +314,19 @@ def live(
     target: Target,
     dialect: str,
     client: Closable,
-    exclusive: bool = False,
+    claim: Claim | None = None,
+    mode: str = "",
+    backend: object = None,
 ) -> Live:
-    """The session of `client`, to enter once upgraded: registered, counted, finally recorded."""
+    """The session of `client`, to enter once upgraded: registered, counted, finally recorded.
+
+    `mode` defaults to the subresource's interactive one. A `backend` with an
+    `attached(closer)` method is given a way to close this session.
+    """
     user = request[USER]
     record = Record(
         subresource=target.spec.name,
+        mode=mode or DEFAULT_MODES.get(target.spec.name, WRITER),
         dialect=dialect or "raw",
         kind=target.parent.kind,
         namespace=target.namespace,
@@ -158,8 +336,15 @@ def live(
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
     )
-    key = SessionKey(target.spec.name, target.namespace, target.name) if exclusive else None
-    return Live(state, record, client, key)
+    return Live(
+        state,
+        record,
+        client,
+        claim=claim,
+        transport=request.transport,
+        target=target,
+        backend=backend,
+    )
 
 
 def _report(state: State, record: Record) -> None:
@@ -173,10 +358,11 @@ def _report(state: State, record: Record) -> None:
         traffic=record.traffic,
     )
     log.info(
-        "%s of %s by %s (%s) ended by %s after %.1fs, %d B up, %d B down: %s",
+        "%s of %s by %s (%s, %s) ended by %s after %.1fs, %d B up, %d B down: %s",
         record.subresource,
         record.machine,
         record.user,
+        record.mode,
         record.dialect,
         ending,
         seconds,

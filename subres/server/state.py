@@ -7,6 +7,7 @@ every file has been read and every component constructed.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -16,13 +17,17 @@ from subres.auth.authn import Credentials
 from subres.auth.authz import Decision
 from subres.auth.user import UserInfo
 from subres.backends import ssh
+from subres.backends.agent import Agents
 from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.kube.secrets import NoSecrets, Secrets
 from subres.server import discovery, openapi
+from subres.server.audit import SessionAudit
 from subres.server.connections import Guard
+from subres.server.events import Events, NoEvents
 from subres.server.metrics import Metrics
 from subres.server.reclaim import Reclaimer
+from subres.server.recordings import Recordings
 from subres.streams.sessions import Sessions
 
 __all__ = ["Authenticator", "Authorizer", "State"]
@@ -54,12 +59,22 @@ class State:
     authorizer: Authorizer
     tls_ready: bool = True
     """Whether serving certificates are loaded (for /readyz); updated by the TLS watcher."""
+    draining: bool = False
+    """Set on SIGTERM: /readyz fails from then on, so that endpoints stop sending requests."""
     readiness: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     """Further /readyz checks by name (cluster mode: the authentication configuration)."""
+    agents: Agents | None = None
+    """How node-local endpoints are reached; None when no agents are configured."""
     sessions: Sessions = field(default_factory=Sessions)
     metrics: Metrics = field(default_factory=Metrics)
     secrets: Secrets = field(default_factory=NoSecrets)
     """The Secrets parents name for SSH credentials (the apiserver, or the standalone file)."""
+    audit: SessionAudit = field(default_factory=lambda: SessionAudit(None))
+    """Where session start and end lines go (`--session-audit-log`)."""
+    events: Events = field(default_factory=NoEvents)
+    """Kubernetes Events on parent objects (cluster mode)."""
+    replica: str = field(default_factory=socket.gethostname)
+    """This replica's name (`--replica-name`): in Lease holders, Sessions and Events."""
     connections: Guard = field(default_factory=Guard)
     """Times every connection and caps the unauthenticated ones."""
     reclaimer: Reclaimer = field(default_factory=Reclaimer)
@@ -70,6 +85,8 @@ class State:
         self.connections.on_level = self.reclaimer.level
         self.screenshot_slots = asyncio.Semaphore(self.config.session.screenshot_concurrency)
         """Captures in progress, each holding a framebuffer: bounded for memory."""
+        self.recordings = Recordings(self.config.consoles)
+        """Recorded console sessions (`consoles.recordings`)."""
         self.discovery = discovery.build(self.config)
         self.openapi = openapi.build(self.config)
         session = self.config.session

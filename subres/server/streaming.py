@@ -1,7 +1,8 @@
 """A console or vnc session over a WebSocket: negotiate, then upgrade and pump.
 
 Negotiation happens before the backend is dialed (a bad offer is a 400 that
-costs no connection); the upgrade happens only after the dial succeeded.
+costs no connection); the upgrade happens only after the dial succeeded and
+the session holds its slot.
 """
 
 from __future__ import annotations
@@ -48,16 +49,28 @@ async def serve(
     dialect: Dialect,
     backend: ByteStream,
     exclusive: bool,
+    preserve: bool = False,
+    mode: str = "",
 ) -> web.WebSocketResponse:
-    """Upgrade, then pump between the client and `backend` until either ends."""
+    """Take the session's slot, upgrade, then pump between the client and `backend`."""
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
-        await ws.prepare(request)
-        async with session.live(
-            state, request, target=target, dialect=dialect.name, client=client, exclusive=exclusive
-        ) as live:
-            await client.hello()
-            await live.run(pump(client, backend, live.record.traffic))
+        async with session.hold(
+            state, request, target=target, exclusive=exclusive, preserve=preserve
+        ) as claim:
+            await ws.prepare(request)
+            async with session.live(
+                state,
+                request,
+                target=target,
+                dialect=dialect.name,
+                client=client,
+                claim=claim,
+                mode=mode,
+                backend=backend,
+            ) as live:
+                await client.hello()
+                await live.run(pump(client, backend, live.record.traffic))
     finally:
         await backend.close()
     return ws

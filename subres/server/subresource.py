@@ -15,9 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from subres import fields
-from subres.backends import datagram, ssh
+from subres.backends import direct, ssh
 from subres.backends import endpoint as endpoints
-from subres.backends import stream as sockets
+from subres.backends.agent import AgentUnavailable
 from subres.backends.stream import BackendUnavailable, ByteStream
 from subres.config import ANY_PORT, ParentSpec, Requirement, SubresourceSpec, field_value
 from subres.kube.status import StatusError
@@ -26,10 +26,13 @@ from subres.server.state import State
 __all__ = [
     "Route",
     "Target",
+    "checked",
     "connect",
     "dial",
     "endpoint_url",
     "forward_url",
+    "lookup",
+    "node_of",
     "resolve",
     "vet",
 ]
@@ -52,12 +55,17 @@ class Target:
 
 def resolve(state: State, request: web.Request, subresource: str) -> Target:
     """The parent the request names, checked for `subresource`."""
-    namespace = request.match_info["namespace"]
-    name = request.match_info["name"]
     parent = state.config.parent(request.match_info["resource"])
     spec = parent.subresources.get(subresource) if parent else None
     if parent is None or spec is None:
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
+    return checked(state, parent, spec, request.match_info["namespace"], request.match_info["name"])
+
+
+def checked(
+    state: State, parent: ParentSpec, spec: SubresourceSpec, namespace: str, name: str
+) -> Target:
+    """The cached parent `namespace/name`, checked for `spec` (a Status error otherwise)."""
     obj = _cached(state, parent, namespace, name)
     if parent.instance is not None:
         _check(parent.instance.requires, obj, f"{parent.kind} {namespace}/{name}")
@@ -65,6 +73,11 @@ def resolve(state: State, request: web.Request, subresource: str) -> Target:
     target = Target(parent, spec, namespace, name, obj)
     _check(spec.requires, obj, target.describe())
     return target
+
+
+def lookup(state: State, request: web.Request, parent: ParentSpec) -> Mapping[str, Any]:
+    """The parent object the request names, from the cache (404 or 503 otherwise)."""
+    return _cached(state, parent, request.match_info["namespace"], request.match_info["name"])
 
 
 def _cached(state: State, parent: ParentSpec, namespace: str, name: str) -> Mapping[str, Any]:
@@ -193,7 +206,12 @@ async def _vetted(state: State, target: Target, url: str) -> endpoints.Target:
 
 
 async def dial(state: State, target: Target, route: Route, *, protocol: str = "tcp") -> ByteStream:
-    """Connect along a vetted route within the connect timeout (503, or the SSH error's code)."""
+    """Connect along a vetted route within the connect timeout (503, or the backend's code).
+
+    An SSH endpoint or jump host goes through the shared SSH connection; a
+    node-local endpoint through its node's agent, whose refusal keeps its code
+    (403 for its policy, 502/503 for its dial); anything else is dialed here.
+    """
     if route.jump is not None and (protocol != "tcp" or route.backend.endpoint.scheme != "tcp"):
         raise StatusError(
             400, f"{target.describe()}: only TCP can be forwarded through an SSH jump host"
@@ -203,20 +221,56 @@ async def dial(state: State, target: Target, route: Route, *, protocol: str = "t
     try:
         if route.jump is not None or route.backend.endpoint.scheme == "ssh":
             return await _over_ssh(state, target, route)
-        if protocol == "udp":
-            return await datagram.dial(route.backend)
-        return await sockets.dial(
+        node = node_of(target, route.backend.endpoint)
+        if node is not None:
+            return await _through_agent(
+                state, target, route.backend, node=node, udp=protocol == "udp"
+            )
+        return await direct.dial(
             route.backend,
+            udp=protocol == "udp",
             connect_timeout=session.connect_timeout,
             read_size=session.read_size,
             write_timeout=session.backend_write_timeout,
         )
     except BackendUnavailable as exc:
-        code = exc.code if isinstance(exc, ssh.SshError) else 503
         message = f"{target.describe()}: {target.spec.name} unavailable: {exc}"
-        raise StatusError(code, message) from None
+        raise StatusError(exc.code, message) from None
     finally:
         state.metrics.dial_seconds.labels(target.spec.name).observe(time.monotonic() - started)
+
+
+def node_of(target: Target, endpoint: endpoints.Endpoint) -> str | None:
+    """The node whose agent must dial `endpoint`, or None for a direct dial.
+
+    Node-local are every unix socket, and tcp/udp where the subresource says so,
+    of a parent that names its node.
+    """
+    if not target.parent.node:
+        return None
+    node = field_value(target.obj, target.parent.node)
+    if not isinstance(node, str) or not node:
+        return None
+    if endpoint.scheme == "unix" or target.spec.node_local:
+        return node
+    return None
+
+
+async def _through_agent(
+    state: State, target: Target, vetted: endpoints.Target, *, node: str, udp: bool
+) -> ByteStream:
+    if state.agents is None:
+        raise AgentUnavailable(f'no subres agent serves node "{node}" (none configured)')
+    session = state.config.session
+    return await state.agents.dial(
+        node,
+        vetted,
+        datagram=udp,
+        connect_timeout=session.connect_timeout,
+        read_size=session.read_size,
+        write_timeout=session.backend_write_timeout,
+        purpose=target.describe(),
+    )
 
 
 async def connect(state: State, target: Target, url: str, *, protocol: str = "tcp") -> ByteStream:

@@ -42,6 +42,7 @@ class ReloadingTLS:
         key: Path,
         client_ca: Sequence[Path] = (),
         empty_client_ca_ok: bool = False,
+        require_client_cert: bool = False,
     ) -> None:
         """Load the files now if they are usable; `ready` says whether they were.
 
@@ -49,17 +50,19 @@ class ReloadingTLS:
         client CA, the front-proxy CA); empty means no certificate is asked for.
         With `empty_client_ca_ok` an empty CA file trusts nothing instead of
         failing the load (cluster mode: the cluster need not publish every CA).
+        With `require_client_cert` a handshake without one fails (the node agent).
         """
         self._cert = cert
         self._key = key
         self._client_ca = tuple(client_ca)
         self._empty_client_ca_ok = empty_client_ca_ok
+        self._require = require_client_cert
         # watch() reloads in a worker thread while tests or callers may reload directly.
         self._lock = threading.Lock()
         self._current: ssl.SSLContext | None = None
         self._loaded: tuple[_Stamp, ...] | None = None
         self._failed: tuple[_Stamp, ...] | None = None
-        self._context = _base_context(verify_client=bool(self._client_ca))
+        self._context = self._base()
         self._context.sni_callback = self._select_context
         self.reload_if_changed()
 
@@ -102,8 +105,14 @@ class ReloadingTLS:
             # stat and read in a thread: a slow volume must not stall live sessions.
             await asyncio.to_thread(self.reload_if_changed)
 
-    def _build(self) -> ssl.SSLContext:
+    def _base(self) -> ssl.SSLContext:
         context = _base_context(verify_client=bool(self._client_ca))
+        if self._require:
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def _build(self) -> ssl.SSLContext:
+        context = self._base()
         for ca in self._client_ca:
             if self._empty_client_ca_ok and os.stat(ca).st_size == 0:
                 continue

@@ -1,48 +1,59 @@
-"""`…/{resource}/{name}/vnc`: the VNC server's raw byte stream over a WebSocket.
+"""`…/{resource}/{name}/vnc` and `…/vnc-observe`: the display, shared by its viewers.
 
-Validated, dialed and streamed exactly as the console is (`streaming`): one
-session per machine, a new one takes over, unless it asks
-`?preserveSession=true`, which is refused with 409 while another is live.
+Each viewer has its own connection to the VNC server, which shares the
+display among them (subres asks it to for every viewer: `streams.viewer`).
+`vnc` is the interactive viewer, validated, dialed and streamed as the
+console is (`streaming`): one per machine, a new one takes over, unless it
+asks `?preserveSession=true`, which is refused with 409 while another is
+live (in cluster mode: while a fresh session Lease is held, by any replica).
+`vnc-observe` is a view-only viewer: any number, its input dropped,
+authorized as its own subresource, untouched by takeovers and not counted by
+`preserveSession`.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from subres.kube.status import StatusError
-from subres.server import streaming, subresource
+from subres.server import session, streaming, subresource
 from subres.server.state import State
-from subres.server.subresource import Target
-from subres.streams.sessions import SessionKey
+from subres.streams.viewer import GuardedDisplay
 
-__all__ = ["SUBPROTOCOLS", "handle"]
+__all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
 SUBPROTOCOLS = ("", "plain.kubevirt.io", "binary")
 """Raw binary: no subprotocol, KubeVirt's, or noVNC's `binary`."""
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
-    """Check, negotiate, dial, then upgrade and stream; one VNC session per machine."""
+    """The interactive viewer: check, negotiate, dial, then upgrade and stream."""
+    # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
+    preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
+    return await _view(state, request, view_only=False, preserve=preserve)
+
+
+async def observe(state: State, request: web.Request) -> web.StreamResponse:
+    """A view-only viewer: check, negotiate, dial, then upgrade and stream; input dropped."""
+    return await _view(state, request, view_only=True, preserve=False)
+
+
+async def _view(
+    state: State, request: web.Request, *, view_only: bool, preserve: bool
+) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
-    preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
-    key = SessionKey(target.spec.name, target.namespace, target.name)
-    if preserve and state.sessions.active(key):
-        raise _busy(target)
+    if preserve and state.sessions.active(session.key(target)):
+        raise session.busy(target)  # without dialing; `session.hold` decides for certain
     backend = await subresource.connect(state, target, url)
-    if preserve and state.sessions.active(key):
-        await backend.close()  # another session started while we dialed
-        raise _busy(target)
     return await streaming.serve(
-        state, request, target=target, ws=ws, dialect=dialect, backend=backend, exclusive=True
-    )
-
-
-def _busy(target: Target) -> StatusError:
-    return StatusError(
-        409,
-        f"{target.describe()} already has a VNC session; "
-        "connect without preserveSession=true to take it over",
+        state,
+        request,
+        target=target,
+        ws=ws,
+        dialect=dialect,
+        backend=GuardedDisplay(backend, view_only=view_only),
+        exclusive=not view_only,
+        preserve=preserve,
+        mode=session.OBSERVER if view_only else session.VIEWER,
     )

@@ -65,8 +65,11 @@ class CloseCode:
     NORMAL = 1000
     GOING_AWAY = 1001
     PROTOCOL_ERROR = 1002
+    POLICY_VIOLATION = 1008
     INTERNAL_ERROR = 1011
     TAKEN_OVER = 4001
+    FELL_BEHIND = 4002
+    """An observer that read the console too slowly was cut off."""
 
 
 async def close_websocket(ws: web.WebSocketResponse, code: int, reason: str) -> None:

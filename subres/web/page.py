@@ -35,6 +35,13 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
+REPLAY_CSP = (
+    # asciinema-player's terminal is WebAssembly, compiled from bytes in its bundle: the
+    # replay page alone may compile WebAssembly ('wasm-unsafe-eval' allows no JS eval).
+    "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self' "
+    "'unsafe-inline'; img-src 'self' data: blob:; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'"
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ def _file(path: Path) -> web.StreamResponse:
     content_type = TYPES.get(path.suffix)
     if content_type is None:
         raise web.HTTPNotFound()
-    return web.FileResponse(
-        path, headers={**HEADERS, "Content-Type": f"{content_type}; charset=utf-8"}
-    )
+    headers = {**HEADERS, "Content-Type": f"{content_type}; charset=utf-8"}
+    if path.name == "replay.html":
+        headers["Content-Security-Policy"] = REPLAY_CSP
+    return web.FileResponse(path, headers=headers)

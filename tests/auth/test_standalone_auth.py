@@ -100,6 +100,27 @@ def test_request_attributes(method: str, path: str, expected: attributes.Attribu
     assert attributes.from_request(method, path) == expected
 
 
+@pytest.mark.parametrize(
+    ("path", "query", "verb", "namespace"),
+    [
+        ("/apis/g.io/v1/namespaces/ns/sessions", {}, "list", "ns"),
+        ("/apis/g.io/v1/sessions", {}, "list", ""),
+        ("/apis/g.io/v1/namespaces/ns/sessions", {"watch": "true"}, "watch", "ns"),
+        ("/apis/g.io/v1/namespaces/ns/sessions", {"watch": "false"}, "list", "ns"),
+    ],
+)
+def test_a_get_naming_no_object_is_a_list_or_a_watch(
+    path: str, query: dict[str, str], verb: str, namespace: str
+) -> None:
+    attrs = attributes.from_request("GET", path, query)
+    assert (attrs.verb, attrs.resource, attrs.namespace, attrs.name) == (
+        verb,
+        "sessions",
+        namespace,
+        "",
+    )
+
+
 async def test_standalone_authorizer() -> None:
     authz = StandaloneAuthorizer(("/healthz", "/debug/*"))
     console = attributes.from_request("GET", "/apis/g/v/namespaces/n/machines/m/console")

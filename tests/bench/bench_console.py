@@ -5,7 +5,8 @@ It prints markdown tables:
 
 1. Round-trip latency (p50/p99/mean, µs) of small messages through a TCP
    echo backend: directly over TCP, through subres with raw framing
-   (`plain.kubevirt.io`), and through subres with `v5.channel.k8s.io`; then
+   (`plain.kubevirt.io`), the same through a node agent (`subres agent`, its
+   own process, mutual TLS), and through subres with `v5.channel.k8s.io`; then
    the same echo as an SSH console (`tests.bench.ssh_echo`, asyncssh): an SSH
    client straight to it, and subres with its `ssh://` backend.
 2. Console sessions opened and closed per second (TLS handshake, upgrade,
@@ -15,6 +16,8 @@ It prints markdown tables:
    server CPU seconds spent opening them.
 4. Server memory over repeated bursts of idle sessions: RSS open and shortly
    after they close, per cycle, against the baseline (`cycles.py`).
+5. The writer's round trip with 0, 1 and 50 observers on its console, and
+   100 kept consoles' memory and CPU (`sharing.py`).
 
 Everything runs on 127.0.0.1 in separate processes: the echo backend, the
 server (`python -m subres serve`, or the `serve_variant` harness), and, for
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -48,7 +52,8 @@ import asyncssh
 import yaml
 
 from subres.server import certs
-from tests.bench import cycles, memory
+from tests.bench import cycles, memory, sharing
+from tests.bench.agent import NODE, start_agent
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
 from tests.bench.procs import Child, build_loadgen, cpu_seconds, port_from_log, spawn
 
@@ -101,8 +106,8 @@ def parse(argv: Sequence[str] | None) -> Settings:
     p.add_argument("--idle", help="idle session counts, comma-separated (1000,5000; quick 300)")
     p.add_argument(
         "--phases",
-        default="latency,rate,memory,cycles",
-        help="which of latency,rate,memory,cycles to run",
+        default="latency,rate,memory,cycles,observers,kept",
+        help="which of latency,rate,memory,cycles,observers,kept to run",
     )
     p.add_argument("--cycles", type=int, default=6, help="bursts in the cycles phase")
     p.add_argument("--cycle-sessions", type=int, help="idle sessions per burst (3000; quick 200)")
@@ -159,6 +164,8 @@ class Files:
 
     root: Path
     token: str
+    agent_flags: tuple[str, ...] = ()
+    """Flags that point the server at the running node agent (`m-agent` goes through it)."""
 
     @property
     def ca(self) -> Path:
@@ -182,10 +189,17 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
     certs.ensure_self_signed(root / "certs", service="subres", namespace="subres-system")
     token = secrets.token_urlsafe(24)
     (root / "tokens.csv").write_text(f'{token},bench,bench-uid,"bench"\n')
-    policy = {"schemes": ["tcp", "ssh"], "allowCIDRs": ["127.0.0.0/8"], "denyCIDRs": []}
+    policy = {
+        "schemes": ["tcp", "ssh"],
+        "allowCIDRs": ["127.0.0.0/8"],
+        "denyCIDRs": [],
+        "socketDirs": [str(root)],
+    }
+    # Node-local: m-agent, the one machine on the agent's node, is dialed through the agent.
     console = {
         "endpoint": ".status.console.endpoint",
         "ssh": {"credentials": ".status.console.secret"},
+        "nodeLocal": True,
     }
     parent = {
         "resource": "machines",
@@ -198,15 +212,17 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
     )
 
     def machine(name: str, console: dict[str, str]) -> dict[str, object]:
+        node = {"nodeName": NODE} if name == "m-agent" else {}
         return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
-            "status": {"phase": "Running", "console": console},
+            "status": {"phase": "Running", "console": console, **node},
         }
 
     endpoint = f"tcp://127.0.0.1:{backend_port}"
-    docs = [machine(f"m{i}", {"endpoint": endpoint}) for i in range(machines)]
+    names = ["m-agent", *(f"m{i}" for i in range(machines))]
+    docs = [machine(name, {"endpoint": endpoint}) for name in names]
     docs.append(
         machine("ssh", {"endpoint": f"ssh://bench@127.0.0.1:{ssh.port}", "secret": "ssh-echo"})
     )
@@ -241,12 +257,16 @@ class Server:
 
     async def active_sessions(self, http: aiohttp.ClientSession) -> int:
         """The server's own count of live sessions (`subres_sessions_active`)."""
+        return await self.sample(http, 'subres_sessions_active{subresource="console"}')
+
+    async def sample(self, http: aiohttp.ClientSession, series: str) -> int:
+        """One series of the server's `/metrics`, e.g. `subres_consoles_kept` (0 when absent)."""
         base = "https" if self.target.scheme == "wss" else "http"
         url = f"{base}://127.0.0.1:{self.target.port}/metrics"
         headers = {"Authorization": f"Bearer {self.target.token}"}
         async with http.get(url, headers=headers, ssl=self.target.ssl_context() or False) as r:
             text = await r.text()
-        found = re.search(r'^subres_sessions_active\{subresource="console"\} (\S+)', text, re.M)
+        found = re.search(rf"^{re.escape(series)} (\S+)", text, re.M)
         return int(float(found.group(1))) if found else 0
 
     async def wait_sessions(self, http: aiohttp.ClientSession, count: int) -> None:
@@ -256,14 +276,19 @@ class Server:
             await asyncio.sleep(0.2)
 
 
-def server_args(files: Files, variant: str, settings: Settings) -> tuple[str, list[str]]:
-    """The module to run and its flags."""
+def server_args(
+    files: Files, variant: str, settings: Settings, *, machines: Path | None = None
+) -> tuple[str, list[str]]:
+    """The module to run and its flags (`machines`: another standalone file)."""
     flags = [
-        *("--standalone", str(files.root / "machines.yaml")),
+        *("--standalone", str(machines or files.root / "machines.yaml")),
         *("--token-auth-file", str(files.root / "tokens.csv")),
         *("--config", str(files.root / "config.yaml")),
         *("--secure-port", "0", "--cert-dir", str(files.root / "certs")),
         *("--bind-address", "127.0.0.1"),
+        # Nobody reads the server's stdout: no audit lines there.
+        "--session-audit-log=",
+        *files.agent_flags,
     ]
     if variant == "serve":
         return "subres", ["serve", *flags]
@@ -280,10 +305,15 @@ def server_args(files: Files, variant: str, settings: Settings) -> tuple[str, li
 
 @contextlib.asynccontextmanager
 async def running_server(
-    files: Files, variant: str, settings: Settings, *, memory_phase: bool = False
+    files: Files,
+    variant: str,
+    settings: Settings,
+    *,
+    memory_phase: bool = False,
+    machines: Path | None = None,
 ) -> AsyncIterator[Server]:
     """Start a server, learn its port from its log, stop it by PID afterwards."""
-    module, args = server_args(files, variant, settings)
+    module, args = server_args(files, variant, settings, machines=machines)
     log = files.root / f"server-{time.monotonic_ns()}.log"
     env = settings.server_env if memory_phase else {}
     child = await spawn(f"server ({variant})", module, *args, log=log, stops_on_eof=False, env=env)
@@ -384,6 +414,10 @@ async def latency_table(server: Server, backend_port: int, ssh: SshEcho, setting
         (
             f"subres, WebSocket+TLS, `{RAW}`",
             await ws_roundtrips(server.target, "m0", RAW, n, payload),
+        ),
+        (
+            f"subres, WebSocket+TLS, `{RAW}`, through the node agent (mTLS)",
+            await ws_roundtrips(server.target, "m-agent", RAW, n, payload),
         ),
         (
             f"subres, WebSocket+TLS, `{V5}`",
@@ -509,21 +543,37 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
             backend_port = int(found.group(1))
             ssh = SshEcho(ssh_port, host_key, password)
             files = write_files(Path(tmp), settings.machines, backend_port, ssh)
-            async with asyncio.timeout(settings.budget):
-                await run_phases(settings, files, backend_port, ssh)
+            agent = await start_agent(Path(tmp), log=Path(tmp) / "agent.log")
+            try:
+                files = dataclasses.replace(files, agent_flags=tuple(agent.flags))
+                async with asyncio.timeout(settings.budget):
+                    await run_phases(settings, files, backend_port, ssh)
+            finally:
+                await agent.child.stop()
         finally:
             await ssh_echo.stop()
             await echo.stop()
 
 
 async def run_phases(settings: Settings, files: Files, backend_port: int, ssh: SshEcho) -> None:
-    """Latency and rate share one server; memory gets a fresh one with a clean heap."""
-    if settings.phases & {"latency", "rate"}:
+    """Latency, rate and observers share one server; memory and kept get fresh ones."""
+    if settings.phases & {"latency", "rate", "observers"}:
         async with running_server(files, "serve", settings) as server:
             if "latency" in settings.phases:
                 emit(await latency_table(server, backend_port, ssh, settings))
             if "rate" in settings.phases:
                 emit(await rate_table(server, settings))
+            if "observers" in settings.phases:
+                emit(await observers(server, settings))
+    if "kept" in settings.phases:
+        machines = files.root / "kept.yaml"
+        sharing.kept_machines(machines, backend_port, kept=False)
+        async with (
+            running_server(files, "serve", settings, machines=machines) as server,
+            aiohttp.ClientSession() as http,
+        ):
+            window = 2.0 if settings.quick else 10.0
+            emit(await sharing.kept_table(server, http, machines, backend_port, window=window))
     if "memory" in settings.phases:
         async with (
             running_server(files, settings.variant, settings, memory_phase=True) as server,
@@ -536,6 +586,16 @@ async def run_phases(settings: Settings, files: Files, backend_port: int, ssh: S
             aiohttp.ClientSession() as http,
         ):
             emit(await cycles.cycles_table(server, http, settings))
+
+
+async def observers(server: Server, settings: Settings) -> str:
+    """Table 4: the writer's round trip as observers join its console."""
+
+    def roundtrips(count: int, payload: bytes) -> Awaitable[list[int]]:
+        return ws_roundtrips(server.target, sharing.MACHINE, V5, count, payload)
+
+    async with aiohttp.ClientSession() as http:
+        return await sharing.observers_table(server, http, settings, roundtrips)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

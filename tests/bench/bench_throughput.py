@@ -7,7 +7,9 @@ of `--mib` MiB in 64 KiB writes, and the CPU seconds per GB of the relay, of
 the client side and of the backend, per direction.
 
 Paths: a socat TCP relay (64 KiB buffers), websockify (WebSocket → TCP), and
-subres's dialects: the console's raw WebSocket (`plain.kubevirt.io`),
+subres's dialects: the console's raw WebSocket (`plain.kubevirt.io`), the
+same console through a node agent (`subres agent`, mutual TLS, as deployed:
+TLS only),
 KubeVirt-style port-forward (`…/portforward/{port}`), Kubernetes-style
 channel port-forward (`?ports=`, `v4.channel.k8s.io`), SPDY/3.1 port-forward
 and SPDY tunnelled in a WebSocket; the last two are driven by client-go
@@ -46,6 +48,7 @@ import yaml
 
 from subres.server import certs
 from tests import gotools
+from tests.bench.agent import NODE, BenchAgent, start_agent
 from tests.bench.client import GROUP_PATH, RAW
 from tests.bench.procs import (
     ROOT,
@@ -56,6 +59,7 @@ from tests.bench.procs import (
     spawn,
     spawn_program,
     tree_cpu_seconds,
+    wait_listening,
 )
 from tests.ssh_support import OpenSsh, openssh
 
@@ -82,6 +86,11 @@ PATHS = (
     PathSpec("socat", "socat TCP relay (`-b65536`, fork)"),
     PathSpec("websockify", "websockify (64 KiB messages)"),
     PathSpec("console", f"subres console, raw WebSocket (`{RAW}`)"),
+    PathSpec(
+        "agent-console",
+        f"subres console through the node agent, raw WebSocket (`{RAW}`)",
+        tls_modes=(True,),
+    ),
     PathSpec("kubevirt-pf", "subres port-forward, KubeVirt raw WebSocket (`…/portforward/{port}`)"),
     PathSpec("channel-pf", f"subres port-forward, channel WebSocket (`?ports=`, `{CHANNEL}`)"),
     PathSpec("spdy-pf", "subres port-forward, SPDY/3.1 (client-go)"),
@@ -255,7 +264,8 @@ def write_files(root: Path, sink: int, source: int, sshd: OpenSsh | None) -> Fil
         "kind": "Machine",
         "source": {"group": "subres.dev", "version": "v1alpha1"},
         "subresources": {
-            "console": {"endpoint": ".status.console.endpoint"},
+            # Node-local: the consoles of machines on the agent's node go through it.
+            "console": {"endpoint": ".status.console.endpoint", "nodeLocal": True},
             "portforward": forward,
         },
     }
@@ -263,12 +273,13 @@ def write_files(root: Path, sink: int, source: int, sshd: OpenSsh | None) -> Fil
         yaml.safe_dump({"endpointPolicy": policy, "parents": [parent]})
     )
 
-    def machine(name: str, backends: dict[str, object]) -> dict[str, object]:
+    def machine(name: str, backends: dict[str, object], node: str = "") -> dict[str, object]:
+        status = {"phase": "Running", **backends, **({"nodeName": node} if node else {})}
         return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": name, "namespace": "default"},
-            "status": {"phase": "Running", **backends},
+            "status": status,
         }
 
     ports = {"address": "127.0.0.1", "ports": [sink, source]}
@@ -276,6 +287,9 @@ def write_files(root: Path, sink: int, source: int, sshd: OpenSsh | None) -> Fil
         machine("up", {"console": {"endpoint": f"tcp://127.0.0.1:{sink}"}}),
         machine("down", {"console": {"endpoint": f"tcp://127.0.0.1:{source}"}}),
         machine("pf", {"portForward": ports}),
+        # On the agent's node: the replica relays their consoles through it.
+        machine("up-agent", {"console": {"endpoint": f"tcp://127.0.0.1:{sink}"}}, NODE),
+        machine("down-agent", {"console": {"endpoint": f"tcp://127.0.0.1:{source}"}}, NODE),
     ]
     if sshd is not None:
         jump = {**ports, "jumpHost": sshd.url, "secret": "sshd-login"}
@@ -302,23 +316,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-async def wait_listening(child: Child, port: int) -> None:
-    """Wait until `port` accepts connections (the probe connection is closed at once)."""
-    async with asyncio.timeout(START_TIMEOUT):
-        while True:
-            if child.proc.returncode is not None:
-                raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.1)
-                continue
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            return
 
 
 # --- running a path --------------------------------------------------------------------------
@@ -383,12 +380,14 @@ class Bench:
         scheme = "wss" if tls else "ws"
         base = f"{scheme}://127.0.0.1:{server.port}{GROUP_PATH}"
         ws = ["ws", *ca, "-token", self.files.token]
-        if spec.key == "console":
+        if spec.key in ("console", "agent-console"):
             raw = [*ws, "-subprotocol", RAW]
+            suffix = "-agent" if spec.key == "agent-console" else ""
+            relay = [server.child] + ([servers.agent.child] if servers.agent and suffix else [])
             return Setup(
-                [server.child],
-                [*raw, "-url", f"{base}/up/console"],
-                [*raw, "-url", f"{base}/down/console"],
+                relay,
+                [*raw, "-url", f"{base}/up{suffix}/console"],
+                [*raw, "-url", f"{base}/down{suffix}/console"],
             )
         if spec.key in ("kubevirt-pf", "ssh-pf"):
             raw = [*ws, "-subprotocol", RAW]
@@ -558,6 +557,8 @@ class Servers:
         self.files = files
         self.profile = profile
         self.running: dict[bool, Server] = {}
+        self.agent: BenchAgent | None = None
+        """The node agent every server may relay through (machines `*-agent`)."""
 
     async def get(self, tls: bool) -> Server:
         """The server for `tls`, started if needed."""
@@ -567,7 +568,10 @@ class Servers:
 
     async def _start(self, tls: bool) -> Server:
         root = self.files.root
+        if self.agent is None:
+            self.agent = await start_agent(root, log=root / "agent.log")
         flags = [
+            *self.agent.flags,
             *("--standalone", str(root / "machines.yaml")),
             *("--token-auth-file", str(root / "tokens.csv")),
             *("--config", str(root / "config.yaml")),
@@ -610,6 +614,9 @@ class Servers:
         for server in self.running.values():
             await server.child.stop()
         self.running.clear()
+        if self.agent is not None:
+            await self.agent.child.stop()
+            self.agent = None
 
 
 # --- the run ---------------------------------------------------------------------------------

@@ -39,9 +39,9 @@ class Target:
     scheme: str = "wss"
     """`ws` when the bench harness serves without TLS."""
 
-    def url(self, machine: str) -> str:
-        """The console URL of `machine`."""
-        return f"{self.scheme}://127.0.0.1:{self.port}{GROUP_PATH}/{machine}/console"
+    def url(self, machine: str, sub: str = "console") -> str:
+        """The console (or `sub`) URL of `machine`."""
+        return f"{self.scheme}://127.0.0.1:{self.port}{GROUP_PATH}/{machine}/{sub}"
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A client context trusting only the bench CA (None without TLS)."""
@@ -50,11 +50,17 @@ class Target:
         return ssl.create_default_context(cafile=str(self.ca))
 
     def connect(
-        self, machine: str, subprotocol: str, tls: ssl.SSLContext | None, timeout: float
+        self,
+        machine: str,
+        subprotocol: str,
+        tls: ssl.SSLContext | None,
+        timeout: float,
+        *,
+        sub: str = "console",
     ) -> connect:
         """A `websockets` connect for `machine`; idle sessions only answer server pings."""
         return connect(
-            self.url(machine),
+            self.url(machine, sub),
             ssl=tls,
             additional_headers={"Authorization": f"Bearer {self.token}"},
             subprotocols=[websockets.Subprotocol(subprotocol)],

@@ -94,7 +94,8 @@ async def open_clients(server: Server, first: int, count: int) -> list[Child]:
             await spawn(
                 f"clients m{start}+{n}",
                 "tests.bench.console_clients",
-                *("--port", str(target.port), "--ca", str(target.ca), "--token", target.token),
+                # `--token=…` in one word: a random token may start with "-".
+                *("--port", str(target.port), "--ca", str(target.ca), f"--token={target.token}"),
                 *("--scheme", target.scheme, "--first", str(start), "--count", str(n)),
                 *("--concurrency", str(CLIENT_CONCURRENCY)),
             )

@@ -37,6 +37,7 @@ __all__ = [
     "spawn",
     "spawn_program",
     "tree_cpu_seconds",
+    "wait_listening",
 ]
 
 S = TypeVar("S")
@@ -257,6 +258,23 @@ async def serve_standalone(root: Path, *flags: str) -> tuple[Child, int]:
     except BaseException:
         await child.stop()
         raise
+
+
+async def wait_listening(child: Child, port: int) -> None:
+    """Wait until `port` accepts connections (the probe connection is closed at once)."""
+    async with asyncio.timeout(SERVER_START_TIMEOUT):
+        while True:
+            if child.proc.returncode is not None:
+                raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
 
 
 def bench_main(

@@ -9,6 +9,8 @@ TABLE_TITLES = (
     "### Console sessions opened and closed per second",
     "### Server memory per idle console session",
     "### Server memory over 2 bursts of 50 idle console sessions",
+    "### The writer's round trip with observers on its console",
+    "### 100 kept consoles",
 )
 
 
@@ -20,8 +22,9 @@ def test_bench_console_prints_its_tables() -> None:
     for title in TABLE_TITLES:
         assert title in out
     assert "| subres, WebSocket+TLS, `v5.channel.k8s.io` |" in out
+    assert "through the node agent (mTLS) |" in out
     assert "| SSH client straight to the SSH echo server |" in out
     assert "console on the SSH echo server (`ssh://`) |" in out
-    # Every measured row is present: five paths, two concurrencies, one idle level, two
-    # cycles (and a header row per table).
-    assert out.count("\n| ") >= 5 + 2 + 1 + 2 + 4
+    # Every measured row is present: six paths, two concurrencies, one idle level, two
+    # cycles, three observer levels, three kept-console states (and a header row per table).
+    assert out.count("\n| ") >= 6 + 2 + 1 + 2 + 3 + 3 + 6

@@ -14,10 +14,12 @@ def test_bench_throughput_prints_every_row() -> None:
         r for r in out.splitlines() if r.startswith("| ") and "MB/s" not in r and "---" not in r
     ]
     for spec in PATHS:
-        for tls in ("no", "yes"):
+        for tls in ("yes",) if spec.tls_modes == (True,) else ("no", "yes"):
             assert any(r.startswith(f"| {spec.label}") and f"| {tls} |" in r for r in rows), (
                 spec.label,
                 tls,
                 out,
             )
-    assert len(rows) == 2 * len(PATHS)
+    assert len(rows) == sum(len(spec.tls_modes) for spec in PATHS)
+    # No path failed (a loaded machine may still cut the last ones for time).
+    assert not [r for r in rows if "failed" in r], out

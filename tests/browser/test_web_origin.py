@@ -67,3 +67,33 @@ async def test_a_page_of_another_origin_cannot_open_the_relay(
         own = f"ws://127.0.0.1:{port}{CONSOLE}"
         assert await page.evaluate(f"({opened})({foreign!r})") == "refused"
         assert await page.evaluate(f"({opened})({own!r})") == "open"
+
+
+async def read(base: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(base + path, headers=headers) as r:
+        return r.status, r.content_type
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Origin": "http://evil.example"},
+    ],
+)
+async def test_the_page_reads_who_holds_the_machine_and_no_other_site_does(
+    demo: Demo, headers: dict[str, str]
+) -> None:
+    sessions = CONSOLE.replace("/console", "/sessions")
+    async with subres_web(demo.kubeconfig) as url:
+        base = f"http://{urlsplit(url).netloc}"
+        assert await read(base, sessions, headers) == (403, "text/plain")
+        own = {"Sec-Fetch-Site": "same-origin"}
+        assert await read(base, sessions, own) == (200, "application/json")
+        assert await read(base, CONSOLE.replace("/console", "/recordings"), own) == (
+            200,
+            "application/json",
+        )
+        missing = CONSOLE.replace("/console", "/recordings/20240101T000000Z-00000000.cast")
+        assert await read(base, missing, own) == (404, "application/json")

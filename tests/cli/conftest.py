@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -70,6 +71,23 @@ def run_cli(
         timeout=CLI_TIMEOUT,
         check=False,
     )
+
+
+async def run_cli_async(
+    args: Sequence[str | Path], *, home: Path, stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
+    """`run_cli` without blocking the event loop (a server in this test's loop must answer)."""
+    proc = await asyncio.create_subprocess_exec(
+        *cli(*args),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=cli_env(home),
+    )
+    async with asyncio.timeout(CLI_TIMEOUT):
+        out, err = await proc.communicate(stdin)
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(cli(*args), proc.returncode, out, err)
 
 
 def read_until(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import signal
+import socket
 import termios
 import threading
 from collections.abc import Callable, Sequence
@@ -150,6 +151,26 @@ def close_with(code: int, reason: str) -> Script:
     return script
 
 
+def in_turn(*scripts: Script) -> Script:
+    """A script that plays `scripts` one per session, in order."""
+    left = list(scripts)
+
+    def script(conn: ServerConnection, fake: FakeConsole) -> None:
+        left.pop(0)(conn, fake)
+
+    return script
+
+
+def spawn_console(
+    workdir: Path, config: Path, *, dimensions: tuple[int, int] = (24, 80)
+) -> pexpect.spawn:
+    """`subres console m1` under a PTY."""
+    args = cli("--kubeconfig", config, "console", "m1")
+    return pexpect.spawn(
+        args[0], args[1:], env=cli_env(workdir), timeout=WAIT, dimensions=dimensions
+    )
+
+
 @pytest.fixture
 def kubeconfig(workdir: Path) -> Callable[[FakeConsole], Path]:
     def write(fake: FakeConsole) -> Path:
@@ -164,13 +185,7 @@ def test_interactive_session_frames_resize_stdin_and_escape(
     workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
 ) -> None:
     with FakeConsole(interactive) as fake:
-        child = pexpect.spawn(
-            cli()[0],
-            cli("--kubeconfig", kubeconfig(fake), "console", "m1")[1:],
-            env=cli_env(workdir),
-            timeout=WAIT,
-            dimensions=(24, 80),
-        )
+        child = spawn_console(workdir, kubeconfig(fake), dimensions=(24, 80))
         try:
             child.expect_exact(b"Connected to machine/m1. Escape with Ctrl+]")
             child.expect_exact(b"ready")
@@ -188,6 +203,28 @@ def test_interactive_session_frames_resize_stdin_and_escape(
     assert headers["Authorization"] == "Bearer t0k3n"
     assert headers["Sec-WebSocket-Protocol"] == f"{V5}, {V4}"
     assert all(not m.startswith(b"\x00not-sent") for m in fake.all_received())
+
+
+def test_an_interactive_session_reconnects_in_the_same_raw_terminal(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    with FakeConsole(in_turn(close_with(1001, "the server is shutting down"), interactive)) as fake:
+        child = spawn_console(workdir, kubeconfig(fake))
+        try:
+            child.expect_exact(b"Connected to machine/m1. Escape with Ctrl+]")
+            # The PTY tests here share their expect-then-close shape; what they expect differs.
+            # Raw mode: each line returns the carriage itself.
+            child.expect_exact(
+                b"machine/m1: the server is shutting down (1001); reconnecting\r\n"
+                b"Reconnected to machine/m1.\r\n"
+            )
+            child.expect_exact(b"ready")
+            child.send(b"typed\x1d")
+            assert fake.next_on(0) == b"typed"
+            child.expect(pexpect.EOF)
+        finally:
+            child.close(force=True)
+    assert child.exitstatus == 0
 
 
 def test_piped_stdin_is_closed_on_v5(
@@ -217,20 +254,56 @@ def test_piped_stdin_on_v4_waits_for_the_server(
 
 
 @pytest.mark.parametrize(
-    ("code", "reason"),
+    ("code", "reason", "flags"),
     [
-        (4001, "console of ns1/m1 taken over by bob"),
-        (1001, "the server is shutting down"),
-        (1011, "backend connection failed: reset"),
+        # A takeover or a backend failure is meant: never reconnected after.
+        (4001, "console of ns1/m1 taken over by bob", []),
+        (1011, "backend connection failed: reset", []),
+        (1001, "the server is shutting down", ["--no-reconnect"]),
     ],
 )
 def test_abnormal_close_prints_the_reason(
-    workdir: Path, kubeconfig: Callable[[FakeConsole], Path], code: int, reason: str
+    workdir: Path,
+    kubeconfig: Callable[[FakeConsole], Path],
+    code: int,
+    reason: str,
+    flags: list[str],
 ) -> None:
     with FakeConsole(close_with(code, reason)) as fake:
-        done = run_cli(["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir)
+        args: list[str | Path] = ["--kubeconfig", kubeconfig(fake), "console", "m1", *flags]
+        done = run_cli(args, home=workdir)
+        attempts = fake.requests.qsize()
     assert done.returncode == 1
     assert done.stderr.decode() == f"error: the server closed the console ({code}): {reason}\n"
+    assert attempts == 1
+
+
+def drop_connection(conn: ServerConnection, fake: FakeConsole) -> None:
+    """End the TCP connection without a close frame, as a crashed server would."""
+    conn.socket.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.parametrize(
+    ("first", "said"),
+    [
+        (close_with(1001, "the server is shutting down"), "the server is shutting down (1001)"),
+        (drop_connection, "lost the connection to the server"),
+    ],
+)
+def test_reconnects_when_the_server_goes_away_or_the_connection_is_lost(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path], first: Script, said: str
+) -> None:
+    with FakeConsole(in_turn(first, echo)) as fake:
+        done = run_cli(["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir)
+        attempts = fake.requests.qsize()
+    assert done.returncode == 0, done.stderr
+    # The second session's own words, and its Success, end the command.
+    assert done.stderr.decode().splitlines() == [
+        f"machine/m1: {said}; reconnecting",
+        "Reconnected to machine/m1.",
+        "to-stderr",
+    ]
+    assert attempts == 2
 
 
 def test_failure_status_ends_the_session(
@@ -313,12 +386,7 @@ def test_sigterm_ends_the_session_and_restores_the_terminal(
     workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
 ) -> None:
     with FakeConsole(interactive) as fake:
-        child = pexpect.spawn(
-            cli()[0],
-            cli("--kubeconfig", kubeconfig(fake), "console", "m1")[1:],
-            env=cli_env(workdir),
-            timeout=WAIT,
-        )
+        child = spawn_console(workdir, kubeconfig(fake))
         try:
             child.expect_exact(b"ready")
             fake.next_on(4)

@@ -17,7 +17,7 @@ import yaml
 
 from subres.cli import kubeconfig
 from subres.cli.kubeconfig import KubeconfigError
-from tests.cli.conftest import CLI_TIMEOUT, Demo, cli, cli_env, run_cli
+from tests.cli.conftest import Demo, run_cli, run_cli_async
 from tests.cli.portforward_support import listening, round_trip, spawn, stop
 from tests.server.portforward_support import port_of
 from tests.support import Backend, Standalone
@@ -113,17 +113,9 @@ def _server_port(demo: Demo) -> str:
 
 async def _run(args: list[str | Path], home: Path, stdin: bytes = b"") -> tuple[bytes, bytes]:
     """The CLI run to its end without blocking the loop the proxy serves on; it must succeed."""
-    proc = await asyncio.create_subprocess_exec(
-        *cli(*args),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=cli_env(home),
-    )
-    async with asyncio.timeout(CLI_TIMEOUT):
-        out, err = await proc.communicate(stdin)
-    assert proc.returncode == 0, err
-    return out, err
+    done = await run_cli_async(args, home=home, stdin=stdin)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stderr
 
 
 async def test_console_and_screenshot_go_through_the_proxy(

@@ -9,6 +9,7 @@ scenarios run through a real kube-apiserver in tests/e2e/test_kubevirt.py.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.kubevirt import Backends, backends, profile, short_dir, vm, vmi
+from tests.server.test_vnc_shared import Viewer
 from tests.support import Standalone, start_standalone
 from tests.virtctl import Virtctl
 
@@ -110,3 +112,16 @@ async def test_port_forward_udp(setup: Setup, kind: str) -> None:
 async def test_port_forward_stdio(setup: Setup) -> None:
     port = int(setup.backends.echo.url.rsplit(":", 1)[1])
     await setup.virtctl.forward_stdio("vmi/vm1", port)
+
+
+async def test_virtctl_vnc_and_a_view_only_viewer_share_the_display(setup: Setup) -> None:
+    config = setup.subres.server.state.config
+    path = f"/apis/{config.group}/{config.version}/namespaces/default/virtualmachineinstances/vm1"
+    observe = setup.subres.base.replace("https://", "wss://") + path + "/vnc-observe"
+    async with setup.subres.websocket(observe, "binary", user="bob") as ws:
+        watcher = Viewer(ws)
+        await watcher.hello(shared=False)
+        # virtctl's viewer is the interactive one, beside the view-only one.
+        await setup.virtctl.vnc_proxy_only("vm1", setup.backends.display)
+        await ws.send(b"\x03\x00" + struct.pack(">HHHH", 0, 0, 16, 16))
+        assert (await watcher.read(4))[0] == 0  # still served: a FramebufferUpdate

@@ -227,6 +227,14 @@ class ControlPlane:
     _admin_cert: Path
     _admin_key: Path
 
+    @property
+    def apiserver_pid(self) -> int:
+        """kube-apiserver's process id (a benchmark reads its CPU from /proc)."""
+        popen = self._apiserver.popen
+        if popen is None:
+            raise self.failure("kube-apiserver is not running")
+        return popen.pid
+
     # -- kubectl -----------------------------------------------------------
 
     def kubeconfig_for(self, user: str) -> Path:

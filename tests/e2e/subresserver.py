@@ -1,25 +1,32 @@
-"""The real subres, deployed from ``deploy/`` into a real control plane, run as a local process.
+"""The real subres, installed from ``deploy/`` (or an overlay of it) as the README says.
 
 Owns what it takes to put ``subres serve`` (cluster mode) behind a real
-kube-apiserver on this machine:
+kube-apiserver on this machine, following the README's install steps in a
+copy of ``deploy/`` (so that generated keys never land in the checkout):
 
-- ``subres certs`` writes the serving certificate for
-  ``subres.subres-system.svc`` and the APIService caBundle patch;
-- ``kubectl apply -k`` applies an overlay of ``deploy/`` that keeps every
-  piece that makes sense without a kubelet (namespace, CRD, ServiceAccount,
-  server and user RBAC, APIService with the real caBundle) and changes only
-  how the Service is reached: the Deployment and its PodDisruptionBudget are
-  deleted (no controller manager or kubelet would ever run them) and the
-  Service becomes an ExternalName Service for 127.0.0.1 (see
-  ``aggregation.py`` for why that reaches a local process), with the
-  APIService's port set to the local one;
+- ``subres certs --out deploy/certs`` writes the kustomize component with
+  the serving, agent and replica certificates and the APIService caBundle;
+- ``kubectl apply -k`` applies ``deploy/self-signed`` (a `Profile` may name another
+  overlay, such as ``examples/kubevirt``) through an overlay that
+  changes only what cannot exist here: the Service becomes an ExternalName
+  Service for 127.0.0.1 (see ``aggregation.py`` for why that reaches a local
+  process) and the APIService's port is the local one. Everything else is
+  created as shipped: namespace, CRD, RBAC, the Deployment and the agent
+  DaemonSet (which no controller runs here), Secrets, APIService;
 - the process runs with a kubeconfig holding a TokenRequest token of the
   ``subres-system/subres`` ServiceAccount, so it has exactly the permissions
   ``deploy/`` grants it, and without ``--requestheader-*`` flags, so it reads
-  ``kube-system/extension-apiserver-authentication`` as in a cluster.
+  ``kube-system/extension-apiserver-authentication`` as in a cluster. It uses
+  the certificates the Deployment mounts, the agent ones included.
 
 It is started and stopped by PID (``controlplane.Process``); every wait is
 bounded and fails with the logs of both subres and kube-apiserver.
+
+``replica`` starts a second process beside a launched one, with the same
+credentials, certificates and flags on a port of its own: another replica of
+the same Deployment. kube-apiserver still reaches only the first (an
+ExternalName Service is one address); tests reach the second as
+kube-apiserver would, with its front-proxy certificate.
 """
 
 from __future__ import annotations
@@ -45,12 +52,14 @@ __all__ = [
     "APISERVICE",
     "GROUP",
     "NAMESPACE",
+    "REPO",
     "SERVER_NAME",
     "SERVICE",
     "VERSION",
     "Profile",
     "Subres",
     "launch",
+    "replica",
     "shutdown",
 ]
 
@@ -75,10 +84,12 @@ with a growing delay and re-checks every APIService every 30 s at the latest."""
 
 @dataclass(frozen=True)
 class Profile:
-    """What to deploy: ``deploy/`` as it is, or an overlay of it such as examples/kubevirt."""
+    """What to install: ``deploy/self-signed``, or another overlay such as examples/kubevirt."""
 
-    base: Path = DEPLOY
-    """The kustomization directory applied (with this module's patches on top)."""
+    overlay: Path = Path("deploy/self-signed")
+    """The kustomization applied, relative to the checkout (copied, with ``deploy/``)."""
+    certs: Path = Path("deploy/certs")
+    """Where ``subres certs`` writes the overlay's certificate component (relative too)."""
     apiservice: str = APISERVICE
     """The APIService it registers."""
     crds: tuple[str, ...] = ("machines.subres.dev",)
@@ -105,6 +116,8 @@ class Subres:
     """CA of the serving certificate (the APIService's caBundle)."""
     process: Process
     """The ``python -m subres serve`` child."""
+    cert_files: Path
+    """The certificates as ``subres certs`` wrote them (agents use its ``agent.*``)."""
     apiservice: str = APISERVICE
     """The APIService it is registered by."""
 
@@ -179,17 +192,22 @@ class Subres:
 
 
 async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
-    """Deploy ``profile`` (see the module docstring), start subres, wait for Available.
+    """Install ``profile`` (see the module docstring), start subres, wait for Available.
 
     The caller must ``shutdown()`` the result.
     """
     workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-server-"))
     try:
         [port] = free_ports(1)
-        overlay = workdir / "overlay"
-        await _subres_certs(overlay / "certs", profile.apiservice)
-        _write_kustomization(overlay, port, profile)
-        (await plane.kubectl("apply", "--server-side", "-k", str(overlay))).check()
+        trees = [Path("deploy")]
+        if not profile.overlay.is_relative_to("deploy"):
+            trees.append(profile.overlay)
+        for tree in trees:
+            shutil.copytree(REPO / tree, workdir / tree, ignore=shutil.ignore_patterns("certs"))
+        certs_dir = workdir / profile.certs
+        await _subres_certs(workdir, profile.certs, profile.apiservice)
+        _write_kustomization(workdir, port, profile)
+        (await plane.kubectl("apply", "--server-side", "-k", str(workdir / "e2e"))).check()
         for crd in profile.crds:
             (
                 await plane.kubectl(
@@ -198,15 +216,16 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
             ).check()
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
-        args = _serve_args(overlay / "certs", workdir / "cert-dir", kubeconfig, port)
+        args = _serve_args(certs_dir, workdir / "cert-dir", kubeconfig, port)
         args.append(f"--config={profile.config or _write_config(workdir)}")
         args += profile.args
         server = Subres(
             plane=plane,
             workdir=workdir,
             port=port,
-            ca=overlay / "certs" / "ca.crt",
+            ca=certs_dir / "ca.crt",
             process=Process(name="subres", args=args, log=workdir / "subres.log"),
+            cert_files=certs_dir,
             apiservice=profile.apiservice,
         )
     except BaseException:
@@ -217,6 +236,39 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
         await server.wait_available()
     except BaseException:
         await shutdown(server)
+        raise
+    return server
+
+
+async def replica(first: Subres, name: str) -> Subres:
+    """Start another replica beside `first` (same flags, its own port and cert-dir), ready.
+
+    The caller stops it (``stop()``); ``shutdown(first)`` removes the shared files.
+    """
+    [port] = free_ports(1)
+    swapped = {
+        "--secure-port": str(port),
+        "--cert-dir": str(first.workdir / f"cert-dir-{name}"),
+        "--replica-name": name,
+    }
+    args = [a for a in first.process.args if a.split("=", 1)[0] not in swapped]
+    server = Subres(
+        plane=first.plane,
+        workdir=first.workdir,
+        port=port,
+        ca=first.ca,
+        apiservice=first.apiservice,
+        cert_files=first.cert_files,
+        process=Process(
+            name=f"subres {name}",
+            args=[*args, *(f"{flag}={value}" for flag, value in swapped.items())],
+            log=first.workdir / f"subres-{name}.log",
+        ),
+    )
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
         raise
     return server
 
@@ -243,6 +295,10 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
         f"--secure-port={port}",
         f"--tls-cert-file={certs_dir / 'tls.crt'}",
         f"--tls-private-key-file={certs_dir / 'tls.key'}",
+        # As the Deployment mounts them: the replicas' side of the agents' mutual TLS.
+        f"--agent-ca-file={certs_dir / 'ca.crt'}",
+        f"--agent-client-cert-file={certs_dir / 'replica.crt'}",
+        f"--agent-client-key-file={certs_dir / 'replica.key'}",
         # Where the CA bundles read from the authentication ConfigMap are written.
         f"--cert-dir={cert_dir}",
         "--shutdown-grace=2",
@@ -257,19 +313,20 @@ def _write_config(workdir: Path) -> Path:
     return path
 
 
-def _write_kustomization(overlay: Path, port: int, profile: Profile) -> None:
-    """A kustomization over the profile for a server on this machine (certificates in place)."""
+def _write_kustomization(workdir: Path, port: int, profile: Profile) -> None:
+    """The profile's overlay plus what a server on this machine needs instead of a pod."""
+    overlay = workdir / "e2e"
+    overlay.mkdir()
     for path in profile.resources:  # kustomize loads files from under the overlay only
         shutil.copy(path, overlay / path.name)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(profile.base, overlay), *(p.name for p in profile.resources)],
+        "resources": [
+            os.path.relpath(workdir / profile.overlay, overlay),
+            *(p.name for p in profile.resources),
+        ],
         "patches": [
-            # `subres certs` output, as deploy/kustomization.yaml tells operators to use it.
-            {"path": "certs/apiservice-cabundle.yaml"},
-            {"patch": _yaml(_deleted("apps/v1", "Deployment"))},
-            {"patch": _yaml(_deleted("policy/v1", "PodDisruptionBudget"))},
             {
                 "patch": _yaml(
                     {
@@ -299,11 +356,11 @@ def _write_kustomization(overlay: Path, port: int, profile: Profile) -> None:
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
 
 
-async def _subres_certs(out: Path, apiservice: str) -> None:
-    """Run the real ``subres certs --out`` verb (bounded)."""
+async def _subres_certs(cwd: Path, out: Path, apiservice: str) -> None:
+    """Run the real ``subres certs --out <overlay's certs>`` verb in `cwd`, as the README says."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "subres", "certs", f"--service={SERVICE}",
-        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}",
+        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}", cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -315,16 +372,6 @@ async def _subres_certs(out: Path, apiservice: str) -> None:
             await proc.wait()
     if proc.returncode != 0:
         raise ControlPlaneError(f"subres certs exited {proc.returncode}: {output.decode()}")
-
-
-def _deleted(api_version: str, kind: str) -> dict[str, object]:
-    """A strategic-merge patch that drops the object from the output."""
-    return {
-        "$patch": "delete",
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-    }
 
 
 def _yaml(obj: dict[str, object]) -> str:

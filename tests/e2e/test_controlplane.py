@@ -18,7 +18,7 @@ from tests.e2e.controlplane import APIError, ControlPlane, poll
 from tests.e2e.credentials import FRONT_PROXY_CLIENT
 
 REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "deploy" / "crd-machine.yaml"
+CRD = REPO / "deploy" / "base" / "crd-machine.yaml"
 
 
 async def ensure_machine_crd(plane: ControlPlane) -> None:

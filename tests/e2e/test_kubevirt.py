@@ -56,7 +56,8 @@ def cluster(control_plane: ControlPlane) -> Iterator[Cluster]:
         }
         config.write_text(yaml.safe_dump(settings))
         kubevirt = subresserver.Profile(
-            base=EXAMPLE,
+            overlay=EXAMPLE.relative_to(subresserver.REPO),
+            certs=EXAMPLE.relative_to(subresserver.REPO) / "certs",
             apiservice=f"v1.{GROUP}",
             crds=("virtualmachineinstances.kubevirt.io", "virtualmachines.kubevirt.io"),
             resources=(EXAMPLE / "crds.yaml",),

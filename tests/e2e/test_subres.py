@@ -48,7 +48,11 @@ NS = "e2e-subres"
 """Namespace of the test Machines; group ``subres:users`` (alice) may use their subresources."""
 USERS_GROUP = "subres:users"
 API = f"/apis/{GROUP}/{VERSION}"
-SUBRESOURCES = {"console", "vnc", "screenshot", "portforward"}
+SUBRESOURCES = {
+    *("console", "vnc", "screenshot", "portforward"),
+    *("console-observe", "vnc-observe", "recordings", "sessions"),
+}
+"""The streams, their read-only shares, and the reads of recordings and of who holds what."""
 DISCOVERY_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
 REFLECT_TIMEOUT_S = 15.0
@@ -65,17 +69,18 @@ def subres(control_plane: ControlPlane) -> Iterator[Subres]:
     """subres deployed, running and Available, with alice's group bound to the user role."""
     server = run_sync(subresserver.launch(control_plane))
     try:
-        run_sync(_bind_machine_users(control_plane))
+        run_sync(bind_machine_users(control_plane))
         yield server
     finally:
         run_sync(subresserver.shutdown(server))
 
 
-async def _bind_machine_users(plane: ControlPlane) -> None:
+async def bind_machine_users(plane: ControlPlane, name: str = "machine-users") -> None:
+    """Bind group `USERS_GROUP` (alice) to the user role in NS, under the binding `name`."""
     await plane.ensure_namespace(NS)
     await bind(
         plane,
-        "machine-users",
+        name,
         subject=f"--group={USERS_GROUP}",
         check_as=["--as=alice", f"--as-group={USERS_GROUP}"],
     )
@@ -122,13 +127,16 @@ async def put_machine(
     vnc: str | None = None,
     forward: tuple[str, list[int]] | None = None,
     phase: str = "Running",
+    node: str | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> None:
     """Create or update a Machine with real kubectl, then set its status subresource.
 
     The backends go in `.status`, where subres reads them, written as a
-    machine controller would: through the status subresource.
+    machine controller would: through the status subresource
+    (with `nodeName` when `node` is given).
     """
-    status: dict[str, Any] = {"phase": phase}
+    status: dict[str, Any] = {"phase": phase, **({"nodeName": node} if node else {})}
     if console is not None:
         status["console"] = {"endpoint": console}
     if vnc is not None:
@@ -138,7 +146,7 @@ async def put_machine(
     obj = {
         "apiVersion": "subres.dev/v1alpha1",
         "kind": "Machine",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": NS, "annotations": dict(annotations or {})},
         "spec": {},
     }
     (await plane.kubectl("apply", "-f", "-", stdin=json.dumps(obj))).check()
@@ -202,14 +210,19 @@ def direct(
 
 @asynccontextmanager
 async def console(
-    route: Route, name: str, *, subprotocols: list[str] | None = None
+    route: Route,
+    name: str,
+    *,
+    subprotocols: list[str] | None = None,
+    sub: str = "console",
+    query: str = "",
 ) -> AsyncIterator[ClientConnection]:
-    """A console WebSocket to Machine `name` (raw binary unless `subprotocols` say otherwise)."""
+    """A console (or `sub`) WebSocket to Machine `name`, raw binary unless `subprotocols` say."""
     extra: dict[str, Any] = {}
     if route.server_hostname is not None:
         extra["server_hostname"] = route.server_hostname
     async with connect(
-        route.base + machine_path(name, "console"),
+        route.base + machine_path(name, sub) + query,
         ssl=route.context,
         additional_headers=dict(route.headers),
         subprotocols=[Subprotocol(p) for p in subprotocols or ()] or None,
@@ -222,10 +235,12 @@ async def console(
         yield ws
 
 
-async def refused(route: Route, name: str) -> tuple[int, dict[str, Any]]:
-    """The status and Status body of a console upgrade that must be refused."""
+async def refused(
+    route: Route, name: str, *, sub: str = "console", query: str = ""
+) -> tuple[int, dict[str, Any]]:
+    """The status and Status body of a console (or `sub`) upgrade that must be refused."""
     with pytest.raises(InvalidStatus) as caught:
-        async with console(route, name):
+        async with console(route, name, sub=sub, query=query):
             pass
     response = caught.value.response
     return response.status_code, json.loads(response.body or b"{}")
@@ -310,7 +325,7 @@ async def test_apiservice_is_available_and_discovery_lists_the_subresources(
         doc = raw.check().json()
         assert doc["kind"] == "APIResourceList" and doc["groupVersion"] == f"{GROUP}/{VERSION}"
         names = {r["name"] for r in doc["resources"]}
-        assert names == {f"machines/{sub}" for sub in SUBRESOURCES}, names
+        assert names == {f"machines/{sub}" for sub in SUBRESOURCES} | {"sessions"}, names
 
     await asyncio.gather(
         api_versions(),
@@ -342,8 +357,9 @@ async def aggregated_discovery_lists_the_group(plane: ControlPlane) -> None:
             return False
         [version] = ours[0]["versions"]
         assert version["version"] == VERSION
-        [machines] = version["resources"]
-        assert machines["resource"] == "machines"
+        machines, sessions = version["resources"]
+        assert (machines["resource"], sessions["resource"]) == ("machines", "sessions")
+        assert sessions["verbs"] == ["list"]
         verbs = {s["subresource"]: set(s["verbs"]) for s in machines["subresources"]}
         assert set(verbs) == SUBRESOURCES
         # WebSocket upgrades are GETs, SPDY upgrades POSTs (create).

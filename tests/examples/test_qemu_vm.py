@@ -68,18 +68,12 @@ def example_policy(state: Path) -> dict[str, Any]:
     return {**config["endpointPolicy"], "socketDirs": [str(state)]}
 
 
-@contextlib.asynccontextmanager
-async def running_vm(state: Path, port: int) -> AsyncIterator[int]:
-    """Start the VM with the example's script; its QEMU PID. Stops it by PID afterwards."""
+async def run_script(*args: str) -> str:
+    """Run the example's script (bounded) and return its output; fail when it fails."""
     script = await asyncio.create_subprocess_exec(
-        "bash",
-        str(SCRIPT),
-        "start",
-        str(state),
-        str(port),
-        stdout=asyncio.subprocess.PIPE,
+        "bash", str(SCRIPT), *args, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-    )
+    )  # fmt: skip
     try:
         async with asyncio.timeout(START_TIMEOUT):
             output, _ = await script.communicate()
@@ -87,9 +81,18 @@ async def running_vm(state: Path, port: int) -> AsyncIterator[int]:
         if script.returncode is None:
             script.kill()
             await script.wait()
-    sys.stdout.write(output.decode(errors="replace"))
+    text = output.decode(errors="replace")
+    sys.stdout.write(text)
+    assert script.returncode == 0, text
+    return text
+
+
+@contextlib.asynccontextmanager
+async def running_vm(state: Path, port: int) -> AsyncIterator[int]:
+    """Start the VM with the example's script; its QEMU PID. Stops it by PID afterwards."""
+    output = await run_script("start", str(state), str(port))
     pidfile = state / "qemu.pid"
-    assert script.returncode == 0 and pidfile.exists(), output.decode(errors="replace")
+    assert pidfile.exists(), output
     pid = int(pidfile.read_text())
     try:
         yield pid
@@ -143,6 +146,16 @@ async def web_page(subres: Standalone, port: int) -> bytes:
         return b"".join([message async for message in ws if isinstance(message, bytes)])
 
 
+async def shell_computes(ws: ClientConnection) -> None:
+    """Wait (booting) for the serial shell's prompt, then have it compute 6*7."""
+    await ws.send(b"\r")
+    async with asyncio.timeout(BOOT_TIMEOUT):
+        await read_until(ws, re.compile(re.escape(PROMPT)))
+    await ws.send(b"echo $((6*7))\r")
+    async with asyncio.timeout(10):
+        await read_until(ws, re.compile(rb"\r\n42\r\n"))
+
+
 async def test_real_vm_console_screenshot_and_port_forward(tmp_path: Path) -> None:
     state, port = tmp_path / "vm", free_port()
     async with (
@@ -152,12 +165,7 @@ async def test_real_vm_console_screenshot_and_port_forward(tmp_path: Path) -> No
         ) as subres,
         console(subres) as ws,
     ):
-        await ws.send(b"\r")
-        async with asyncio.timeout(BOOT_TIMEOUT):
-            await read_until(ws, re.compile(re.escape(PROMPT)))
-        await ws.send(b"echo $((6*7))\r")
-        async with asyncio.timeout(10):
-            await read_until(ws, re.compile(rb"\r\n42\r\n"))
+        await shell_computes(ws)
 
         status, body = await https_get(subres, "screenshot")
         assert status == 200, body

@@ -18,7 +18,15 @@ from typing import Any
 
 from tests.support import GROUP_VERSION, Standalone
 
-__all__ = ["ExecResult", "Forwarder", "forwarding", "machine_path", "pf_machine", "run_exec"]
+__all__ = [
+    "ExecResult",
+    "Forwarder",
+    "forwarding",
+    "machine_path",
+    "pf_machine",
+    "run_exec",
+    "start_exec",
+]
 
 STARTUP_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
@@ -121,6 +129,32 @@ class ExecResult:
     stderr: str
 
 
+async def start_exec(
+    peer: Path,
+    subres: Standalone,
+    name: str,
+    *,
+    transport: str,
+    sub: str = "console",
+    tty: bool = False,
+) -> asyncio.subprocess.Process:
+    """`kubepeer exec` against `sub` of machine `name`, its stdin, stdout and stderr piped."""
+    return await asyncio.create_subprocess_exec(
+        str(peer),
+        "exec",
+        "--kubeconfig",
+        str(subres.kubeconfig()),
+        "--url",
+        machine_path(name, sub),
+        "--transport",
+        transport,
+        *(["--tty"] if tty else []),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 async def run_exec(
     peer: Path,
     subres: Standalone,
@@ -131,20 +165,7 @@ async def run_exec(
     tty: bool = False,
 ) -> ExecResult:
     """`kubepeer exec` against the console of machine `name`, feeding it `stdin`."""
-    proc = await asyncio.create_subprocess_exec(
-        str(peer),
-        "exec",
-        "--kubeconfig",
-        str(subres.kubeconfig()),
-        "--url",
-        machine_path(name, "console"),
-        "--transport",
-        transport,
-        *(["--tty"] if tty else []),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await start_exec(peer, subres, name, transport=transport, tty=tty)
     try:
         async with asyncio.timeout(EXEC_TIMEOUT):
             out, err = await proc.communicate(stdin)

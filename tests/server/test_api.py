@@ -54,10 +54,17 @@ async def test_resource_list_names_every_subresource(http: Client) -> None:
     verbs = {res["name"]: res["verbs"] for res in body["resources"]}
     assert verbs == {
         "machines/console": ["create", "get"],
+        "machines/console-observe": ["create", "get"],
         "machines/vnc": ["get"],
+        "machines/vnc-observe": ["get"],
         "machines/screenshot": ["get"],
         "machines/portforward": ["create", "get"],
+        "machines/sessions": ["get"],
+        "machines/recordings": ["get"],
+        "sessions": ["list"],
     }
+    kinds = {res["name"]: res["kind"] for res in body["resources"]}
+    assert (kinds["machines/sessions"], kinds["sessions"]) == ("SessionList", "Session")
     assert all(res["namespaced"] for res in body["resources"])
 
 
@@ -75,14 +82,19 @@ async def test_aggregated_discovery_etag_and_304(http: Client) -> None:
     (group,) = doc["items"]
     assert group["metadata"]["name"] == GROUP
     (version,) = group["versions"]
-    (resource,) = version["resources"]
+    resource, sessions = version["resources"]
+    assert (sessions["resource"], sessions["verbs"]) == ("sessions", ["list"])
     assert resource["resource"] == "machines" and resource["scope"] == "Namespaced"
     assert resource["singularResource"] == "machine" and "verbs" in resource
     assert {sub["subresource"] for sub in resource["subresources"]} == {
         "console",
+        "console-observe",
         "vnc",
+        "vnc-observe",
         "screenshot",
         "portforward",
+        "recordings",
+        "sessions",
     }
     async with s.get("/apis", headers={"Accept": accept, "If-None-Match": etag}) as r:
         assert r.status == 304
@@ -96,6 +108,8 @@ async def test_openapi_v2_etag(http: Client) -> None:
         etag = r.headers["ETag"]
     path = f"/apis/{GROUP_VERSION}/namespaces/{{namespace}}/machines/{{name}}/console"
     assert set(spec["paths"][path]) == {"get", "post", "parameters"}
+    observe = spec["paths"][path + "-observe"]
+    assert observe["get"]["operationId"] == "connectGetNamespacedMachineConsoleObserve"
     async with s.get("/openapi/v2", headers={"If-None-Match": etag}) as r:
         assert r.status == 304
 

@@ -62,6 +62,7 @@ def options(tmp: Path, fake: FakeApiServer, **changes: Any) -> Options:
         authorization_always_allow_paths=("/healthz", "/readyz", "/livez"),
         shutdown_grace=1.0,
         kubeconfig=fake.kubeconfig(),
+        session_audit_log=str(tmp / "audit.jsonl"),
     )
     return replace(base, **changes)
 
@@ -115,7 +116,14 @@ async def test_ready_only_after_caches_synced_and_config_loaded(tmp_path: Path) 
             assert status == 500 and "[-]parent-caches" in body["text"]
             assert "[+]authentication-config ok" in body["text"]
             fake.fail_lists = 0
-            await wait_for(lambda: all(c.synced for c in server.state.caches.values()))
+            state = server.state
+            # Every informer (parents, session Leases) relists after its own backoff.
+            await wait_for(
+                lambda: (
+                    all(c.synced for c in state.caches.values())
+                    and all(check() for check in state.readiness.values())
+                )
+            )
             assert (await get(server, "/readyz", client_ssl(tmp_path)))[0] == 200
         finally:
             await server.stop()

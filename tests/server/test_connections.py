@@ -43,7 +43,9 @@ Client = Callable[[Standalone], Awaitable[stuck.Stuck]]
 
 @pytest.fixture
 async def subres(tmp_path: Path, backend: Backend) -> AsyncIterator[Standalone]:
-    async with start_standalone(tmp_path, machine("vm1", console=backend.url), limits=SHORT) as s:
+    async with start_standalone(
+        tmp_path, machine("vm1", console=backend.url), options={"connections": SHORT}
+    ) as s:
         yield s
 
 
@@ -122,7 +124,9 @@ async def test_beyond_the_cap_the_oldest_unauthenticated_connection_goes(
     tmp_path: Path, backend: Backend
 ) -> None:
     cap = Limits(max_unauthenticated=10)
-    async with start_standalone(tmp_path, machine("vm1", console=backend.url), limits=cap) as s:
+    async with start_standalone(
+        tmp_path, machine("vm1", console=backend.url), options={"connections": cap}
+    ) as s:
         guard = s.server.state.connections
         idle = [await stuck.tls_connection(s.server.port, s.client_ssl) for _ in range(10)]
         await wait_for(lambda: guard.unauthenticated == 10)

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 from cryptography import x509
 
-from subres import config
+from subres import config as configfile
 from subres.main import main
+from subres.server.options import add_arguments
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+BASE = DEPLOY / "base"
 
 
 def documents() -> dict[tuple[str, str], dict[str, Any]]:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     docs = {}
     for name in kustomization["resources"]:
-        for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
+        for doc in yaml.safe_load_all((BASE / name).read_text()):
             docs[(doc["kind"], doc["metadata"]["name"])] = doc
     return docs
 
@@ -45,6 +50,8 @@ def test_manifests_hold_the_contract() -> None:
     assert (api["group"], api["version"]) == ("subresources.subres.dev", "v1alpha1")
     assert 1 <= api["groupPriorityMinimum"] <= 20000 and 1 <= api["versionPriority"] <= 1000
     assert ("PodDisruptionBudget", "subres") in docs
+    # No placeholder: the caBundle comes from an overlay.
+    assert "caBundle" not in api
 
 
 def test_crd_keeps_the_backends_in_status_that_editors_cannot_write() -> None:
@@ -52,7 +59,7 @@ def test_crd_keeps_the_backends_in_status_that_editors_cannot_write() -> None:
     [version] = docs[("CustomResourceDefinition", "machines.subres.dev")]["spec"]["versions"]
     assert version["subresources"]["status"] == {}
     schema = version["schema"]["openAPIV3Schema"]
-    machines = config.Config().parent("machines")
+    machines = configfile.Config().parent("machines")
     assert machines is not None
     for sub in machines.subresources.values():
         for path in filter(None, (sub.endpoint, sub.address, sub.ports)):
@@ -68,17 +75,130 @@ def test_crd_keeps_the_backends_in_status_that_editors_cannot_write() -> None:
     assert granted == {"machines"}
 
 
-def test_certs_verb_writes_secret_and_cabundle(tmp_path: Path) -> None:
+def test_the_kubelet_waits_longer_than_the_server_drains() -> None:
+    pod = documents()[("Deployment", "subres")]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options, _ = parser.parse_known_args(container["args"][1:])
+    assert options.shutdown_delay > 0, "endpoints need time to stop sending requests"
+    drain = options.shutdown_delay + options.shutdown_grace
+    # The kubelet kills at terminationGracePeriodSeconds: leave room for the exit itself.
+    assert pod["terminationGracePeriodSeconds"] >= drain + 5
+    # The delay happens inside subres; a preStop hook would only delay SIGTERM further.
+    assert "lifecycle" not in container
+
+
+def test_the_server_may_keep_session_leases_in_its_own_namespace() -> None:
+    docs = documents()
+    role = docs[("Role", "subres:session-leases")]
+    binding = docs[("RoleBinding", "subres:session-leases")]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "subres-system"
+    [rule] = role["rules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
+    assert set(rule["verbs"]) >= {"get", "list", "watch", "create", "update", "delete"}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "subres:session-leases",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "subres", "namespace": "subres-system"}
+    ]
+
+
+def test_editors_get_the_interactive_subresources_and_screenshots_stay_opt_in() -> None:
+    docs = documents()
+    labels = docs[("ClusterRole", "subres-machine-user")]["metadata"]["labels"]
+    assert labels == {
+        "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+        "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+    }
+    assert "labels" not in docs[("ClusterRole", "subres-screenshot-viewer")]["metadata"]
+
+
+def test_the_agent_daemonset_mounts_one_narrow_socket_directory() -> None:
+    docs = documents()
+    daemonset = docs[("DaemonSet", "subres-agent")]["spec"]["template"]["spec"]
+    assert daemonset["serviceAccountName"] == "subres-agent"
+    assert daemonset["automountServiceAccountToken"] is False
+    assert docs[("ServiceAccount", "subres-agent")]["automountServiceAccountToken"] is False
+    [host] = [v["hostPath"]["path"] for v in daemonset["volumes"] if "hostPath" in v]
+    assert host == "/run/subres-machines"
+    [container] = daemonset["containers"]
+    assert f"--socket-dir={host}" in container["args"]
+    assert {"name": "relay", "containerPort": 8444, "protocol": "TCP"} in container["ports"]
+    secrets = {v["secret"]["secretName"] for v in daemonset["volumes"] if "secret" in v}
+    assert secrets == {"subres-agent-tls"}
+    # Replicas find agents by pod and reach them with their own client certificate.
+    replica = docs[("Deployment", "subres")]["spec"]["template"]["spec"]
+    assert "--agent-ca-file=/etc/subres/agent/ca.crt" in replica["containers"][0]["args"]
+    finder = docs[("Role", "subres:agent-finder")]["rules"][0]
+    assert (finder["resources"], finder["verbs"]) == (["pods"], ["get", "list", "watch"])
+
+
+def test_the_image_is_set_by_one_kustomize_images_entry() -> None:
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert [i["name"] for i in kustomization["images"]] == ["subres"]
+    docs = documents()
+    images = [
+        c["image"]
+        for kind, name in (("Deployment", "subres"), ("DaemonSet", "subres-agent"))
+        for c in docs[(kind, name)]["spec"]["template"]["spec"]["containers"]
+    ]
+    assert images == ["subres", "subres"]
+
+
+def test_the_cert_manager_overlay_injects_the_ca() -> None:
+    overlay = yaml.safe_load((DEPLOY / "cert-manager" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../base", "certificates.yaml"]
+    [patch] = [yaml.safe_load(p["patch"]) for p in overlay["patches"]]
+    assert patch["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "subres-system/subres-serving-cert"
+    }
+    issued = {
+        d["spec"]["secretName"]
+        for d in yaml.safe_load_all((DEPLOY / "cert-manager" / "certificates.yaml").read_text())
+        if d["kind"] == "Certificate"
+    }
+    assert issued == {"subres-ca", "subres-serving-cert", "subres-agent-tls", "subres-agent-client"}
+
+
+def test_certs_verb_writes_a_component_with_secrets_and_cabundle(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = ["certs", "--service", "subres", "--namespace", "subres-system", "--out", str(out)]
     assert main(argv) == 0
-    secret = yaml.safe_load((out / "secret.yaml").read_text())
+    component = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    assert component["resources"] == ["secret.yaml"]
+    assert component["patches"] == [{"path": "apiservice-cabundle.yaml"}]
+    secrets = {
+        s["metadata"]["name"]: s for s in yaml.safe_load_all((out / "secret.yaml").read_text())
+    }
+    assert set(secrets) == {"subres-serving-cert", "subres-agent-tls", "subres-agent-client"}
+    agent = x509.load_pem_x509_certificate(
+        base64.b64decode(secrets["subres-agent-tls"]["data"]["tls.crt"])
+    )
+    assert (
+        agent.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        ).value.get_values_for_type(x509.DNSName)[0]
+        == "subres-agent.subres-system.svc"
+    )
+    replica = x509.load_pem_x509_certificate(
+        base64.b64decode(secrets["subres-agent-client"]["data"]["tls.crt"])
+    )
+    assert replica.subject.rfc4514_string() == "CN=subres-replica"
+    assert (out / "secret.yaml").stat().st_mode & 0o077 == 0
+    secret = secrets["subres-serving-cert"]
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "subres.subres-system.svc" in names.get_values_for_type(x509.DNSName)
     patch = yaml.safe_load((out / "apiservice-cabundle.yaml").read_text())
     ca = x509.load_pem_x509_certificate(base64.b64decode(patch["spec"]["caBundle"]))
     cert.verify_directly_issued_by(ca)
+    agent.verify_directly_issued_by(ca)
+    replica.verify_directly_issued_by(ca)
     assert secret["metadata"]["namespace"] == "subres-system"
 
 
@@ -101,7 +221,7 @@ def test_monitoring_component_scrapes_the_service_with_the_rbac_it_needs(tmp_pat
     # The CA and name it verifies with are what `subres certs` writes.
     out = tmp_path / "out"
     assert main(["certs", "--out", str(out)]) == 0
-    secret = yaml.safe_load((out / "secret.yaml").read_text())
+    secret = next(yaml.safe_load_all((out / "secret.yaml").read_text()))  # the serving one
     tls = endpoint["tlsConfig"]
     assert tls["ca"]["secret"]["name"] == secret["metadata"]["name"]
     ca = x509.load_pem_x509_certificate(
@@ -117,6 +237,15 @@ def test_monitoring_component_scrapes_the_service_with_the_rbac_it_needs(tmp_pat
     assert binding["roleRef"]["name"] == "subres-metrics-reader"
 
 
+def test_generated_certificates_are_ignored_by_git() -> None:
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "deploy/certs/ca.key"],
+        cwd=DEPLOY.parent,
+        check=False,
+    )
+    assert ignored.returncode == 0
+
+
 def test_certs_verb_names_the_kubevirt_profiles_apiservice(tmp_path: Path) -> None:
     argv = ["certs", "--out", str(tmp_path), "--apiservice", "v1.subresources.kubevirt.io"]
     assert main(argv) == 0
@@ -124,3 +253,66 @@ def test_certs_verb_names_the_kubevirt_profiles_apiservice(tmp_path: Path) -> No
     assert patch["metadata"]["name"] == "v1.subresources.kubevirt.io"
     profile = yaml.safe_load((DEPLOY.parent / "examples/kubevirt/apiservice.yaml").read_text())
     assert profile["metadata"]["name"] == patch["metadata"]["name"]
+
+
+def test_observing_is_granted_apart_from_typing_and_recordings_apart_from_both() -> None:
+    docs = documents()
+    rules = docs[("ClusterRole", "subres-machine-observer")]["rules"]
+    granted = {resource for rule in rules for resource in rule["resources"]}
+    assert granted == {
+        "machines/console-observe",
+        "machines/vnc-observe",
+        "machines/screenshot",
+        "machines/sessions",
+        "sessions",
+    }
+    assert "labels" not in docs[("ClusterRole", "subres-machine-observer")]["metadata"]
+    editors = docs[("ClusterRole", "subres-machine-user")]["rules"]
+    assert {"machines/console-observe", "machines/sessions", "sessions"} <= {
+        resource for rule in editors for resource in rule["resources"]
+    }
+    reader = docs[("ClusterRole", "subres-recording-reader")]
+    assert reader["rules"] == [
+        {
+            "apiGroups": ["subresources.subres.dev"],
+            "resources": ["machines/recordings"],
+            "verbs": ["get"],
+        }
+    ]
+    assert reader["metadata"]["labels"] == {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}
+    events = docs[("ClusterRole", "subres:session-events")]["rules"]
+    assert events == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    binding = docs[("ClusterRoleBinding", "subres:session-events")]
+    assert binding["subjects"][0]["name"] == "subres"
+
+
+def test_the_recordings_component_gives_the_replicas_a_shared_directory(
+    tmp_path: Path, kubectl_bin: Path
+) -> None:
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY / "base", copy / "base")
+    shutil.copytree(DEPLOY / "components", copy / "components")
+    (copy / "overlay").mkdir()
+    (copy / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../components/recordings]\n"
+    )
+    built = subprocess.run(
+        [str(kubectl_bin), "kustomize", str(copy / "overlay")],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built)}
+    claim = docs[("PersistentVolumeClaim", "subres-recordings")]["spec"]
+    assert claim["accessModes"] == ["ReadWriteMany"]
+    pod = docs[("Deployment", "subres")]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    [config_arg] = [a for a in container["args"] if a.startswith("--config=")]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    [configmap] = [d for (kind, _), d in docs.items() if kind == "ConfigMap"]
+    config = configfile.parse(yaml.safe_load(configmap["data"]["config.yaml"]))
+    assert config_arg == f"--config={mounts['config']}/config.yaml"
+    assert config.consoles.recordings == mounts["recordings"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["recordings"]["persistentVolumeClaim"]["claimName"] == "subres-recordings"
+    assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.server.kubepeer import machine_path, pf_machine, run_exec
+from tests.server.kubepeer import pf_machine, run_exec, start_exec
 from tests.support import Backend, Standalone, start_standalone
 
 
@@ -47,19 +47,7 @@ async def test_refused_machine_is_a_status_before_upgrade(
 async def test_second_spdy_console_takes_over(
     subres: Standalone, backend: Backend, kubepeer_bin: Path
 ) -> None:
-    first = await asyncio.create_subprocess_exec(
-        str(kubepeer_bin),
-        "exec",
-        "--kubeconfig",
-        str(subres.kubeconfig()),
-        "--url",
-        machine_path("vm1", "console"),
-        "--transport",
-        "spdy",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    first = await start_exec(kubepeer_bin, subres, "vm1", transport="spdy")
     try:
         await backend.wait_open(1)
         second = await run_exec(kubepeer_bin, subres, "vm1", b"hello", transport="spdy")

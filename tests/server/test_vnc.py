@@ -128,7 +128,7 @@ async def test_preserve_session_is_refused_while_one_is_live(
         assert await first.recv() == b"one"
         status, body = await refused(subres, "vm1", query="?preserveSession=true")
         assert (status, body["code"], body["kind"]) == (409, 409, "Status")
-        assert "already has a VNC session" in body["message"]
+        assert "already has a vnc session" in body["message"]
         assert backend.accepted == 1  # refused before dialing
         await first.send(b"still mine")
         assert await first.recv() == b"still mine"

@@ -1,5 +1,7 @@
-// The page: which machine, how to authenticate, the tabs and the status badge.
+// The page: which machine, how to authenticate, the tabs, the status badge, and who holds what.
 import { ConsoleView } from './console.js';
+import { RecordingsView } from './recordings.js';
+import { Presence, summary } from './sharing.js';
 import { VncView } from './vnc.js';
 
 const TOKEN_KEY = 'subres.token';
@@ -66,22 +68,40 @@ function askForToken() {
 
 function start(token) {
   const endpoint = (sub) => subresourceUrl(machine, sub);
+  const read = (sub) => subresourceUrl(machine, sub, { websocket: false });
   const auth = token ? [BEARER_PREFIX + base64url(token)] : [];
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
   const report = (name) => (state, text) => {
     states[name] = [state, text];
     if (name === visible) showStatus(state, text);
   };
+  const presence = new Presence({ url: read('sessions'), headers, onChange: showHolder });
   views.console = new ConsoleView(document.getElementById('console'), {
-    url: endpoint('console'), auth, onStatus: report('console'),
+    url: endpoint('console'), observeUrl: endpoint('console-observe'), auth,
+    onStatus: report('console'),
   });
   views.vnc = new VncView(document.getElementById('vnc'), {
-    url: endpoint('vnc'), auth, onStatus: report('vnc'),
+    url: endpoint('vnc'), observeUrl: endpoint('vnc-observe'), auth, onStatus: report('vnc'),
+    presence,
+  });
+  views.recordings = new RecordingsView(document.getElementById('recordings'), {
+    url: read('recordings'), headers, machine, onStatus: report('recordings'),
   });
   for (const tab of document.querySelectorAll('nav button')) {
     tab.addEventListener('click', () => show(tab.dataset.pane));
   }
-  window.subres = views; // for tests and for poking at the page from devtools
-  show(location.hash === '#vnc' ? 'vnc' : 'console');
+  window.subres = { ...views, presence }; // for tests and for poking at the page from devtools
+  views.console.start(presence).then(() => presence.follow());
+  show(location.hash.slice(1) in views ? location.hash.slice(1) : 'console');
+}
+
+// The banner under the header: who writes or views, who watches, whether it is recorded.
+function showHolder(items) {
+  const banner = document.getElementById('holder');
+  const sub = visible === 'vnc' ? 'vnc' : 'console';
+  banner.hidden = visible === 'recordings';
+  banner.textContent = summary(items, sub);
+  banner.dataset.recorded = String(items.some((i) => i.subresource === sub && i.recorded));
 }
 
 function show(name) {
@@ -93,6 +113,7 @@ function show(name) {
   }
   views[name].show();
   showStatus(...(states[name] || ['connecting', 'connecting']));
+  if (window.subres) showHolder(window.subres.presence.items);
 }
 
 function showStatus(state, text) {
@@ -100,9 +121,10 @@ function showStatus(state, text) {
   status.textContent = text;
 }
 
-function subresourceUrl(namespaced, sub) {
+function subresourceUrl(namespaced, sub, { websocket = true } = {}) {
   const [namespace, name] = namespaced.split('/', 2).map(encodeURIComponent);
-  const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const secure = location.protocol === 'https:';
+  const scheme = websocket ? (secure ? 'wss:' : 'ws:') : location.protocol;
   const path = `${settings.api_prefix}/namespaces/${namespace}/${settings.resource}/${name}/${sub}`;
   return `${scheme}//${location.host}${path}`;
 }

@@ -1,14 +1,17 @@
-// The console tab: xterm.js over a Kubernetes channel WebSocket (v5, or v4).
+// The console tab: xterm.js over a Kubernetes channel WebSocket (v5, or v4), as the
+// writer or as a read-only observer (console-observe) when someone else writes.
 import { Terminal } from './vendor/xterm/xterm.mjs';
 import { FitAddon } from './vendor/addon-fit/addon-fit.mjs';
+import { choose, holder } from './sharing.js';
 
 const SUBPROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const STDIN = 0, STDOUT = 1, STDERR = 2, ERROR = 3, RESIZE = 4;
 
 export class ConsoleView {
-  constructor(element, { url, auth, onStatus }) {
+  constructor(element, { url, observeUrl, auth, onStatus }) {
     this.element = element;
-    this.url = url;
+    this.urls = { writer: url, observer: observeUrl };
+    this.mode = 'writer';
     this.protocols = [...SUBPROTOCOLS, ...auth];
     this.onStatus = onStatus;
     this.encoder = new TextEncoder();
@@ -26,21 +29,31 @@ export class ConsoleView {
     this.terminal.onBinary((data) => this.send(STDIN, Uint8Array.from(data, (c) => c.charCodeAt(0))));
     this.terminal.onResize(() => this.sendSize());
     new ResizeObserver(() => this.refit()).observe(element);
-    this.connect();
   }
 
-  connect() {
+  // Connect as the writer, unless someone else writes: then ask whether to take over or watch.
+  async start(presence) {
+    const held = holder(await presence.read(), 'console');
+    const mode = held ? await choose(this.element, held, { watch: 'Observe' }) : 'writer';
+    this.connect(mode);
+  }
+
+  connect(mode = this.mode) {
+    this.mode = mode;
     this.onStatus('connecting', 'connecting');
     this.failure = '';
-    const ws = new WebSocket(this.url, this.protocols);
+    const ws = new WebSocket(this.urls[mode], this.protocols);
     ws.binaryType = 'arraybuffer';
     ws.onopen = () => {
-      this.onStatus('connected', 'console connected');
+      const observing = mode === 'observer';
+      this.terminal.options.disableStdin = observing;
+      this.onStatus('connected', observing ? 'console observed (read-only)' : 'console connected');
       this.sendSize();
     };
     ws.onmessage = (event) => this.receive(new Uint8Array(event.data));
     ws.onclose = (event) => {
       const reason = this.failure || event.reason || (event.code === 1000 ? 'closed' : 'connection lost');
+      this.terminal.options.disableStdin = false;
       this.onStatus('disconnected', `console: ${reason}`);
       this.terminal.write(`\r\n\x1b[2m[${reason}; press Enter to reconnect]\x1b[0m\r\n`);
     };

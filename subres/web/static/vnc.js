@@ -1,18 +1,28 @@
-// The VNC tab: noVNC's RFB client on a raw binary WebSocket, connected when first shown.
+// The VNC tab: noVNC's RFB client on a raw binary WebSocket, connected when first shown,
+// interactive or view-only (vnc-observe) when someone else is viewing.
 import RFB from './vendor/novnc/core/rfb.js';
+import { choose, holder } from './sharing.js';
 
 const SUBPROTOCOLS = ['binary'];
 
 export class VncView {
-  constructor(element, { url, auth, onStatus }) {
+  constructor(element, { url, observeUrl, auth, onStatus, presence }) {
     this.element = element;
-    this.url = url;
+    this.urls = { writer: url, observer: observeUrl };
     this.protocols = [...SUBPROTOCOLS, ...auth];
     this.onStatus = onStatus;
+    this.presence = presence;
     this.rfb = null;
+    this.mode = null;
   }
 
-  show() {
+  async show() {
+    if (this.mode === null) {
+      this.mode = 'choosing';
+      const held = holder(await this.presence.read(), 'vnc');
+      this.mode = held ? await choose(this.element, held, { watch: 'View only' }) : 'writer';
+    }
+    if (this.mode === 'choosing') return;
     if (this.rfb === null) this.connect();
     this.rfb.focus();
   }
@@ -20,11 +30,13 @@ export class VncView {
   connect() {
     this.onStatus('connecting', 'connecting');
     this.failure = '';
-    const rfb = new RFB(this.element, this.url, { wsProtocols: this.protocols });
+    const rfb = new RFB(this.element, this.urls[this.mode], { wsProtocols: this.protocols });
+    rfb.viewOnly = this.mode === 'observer';
     rfb.scaleViewport = true;
-    rfb.addEventListener('connect', () => this.onStatus('connected', 'display connected'));
+    const what = this.mode === 'observer' ? 'display (view-only)' : 'display';
+    rfb.addEventListener('connect', () => this.onStatus('connected', `${what} connected`));
     rfb.addEventListener('desktopname', (event) => {
-      if (event.detail.name) this.onStatus('connected', `display: ${event.detail.name}`);
+      if (event.detail.name) this.onStatus('connected', `${what}: ${event.detail.name}`);
     });
     rfb.addEventListener('credentialsrequired', () => {
       const password = prompt('VNC password');

@@ -1,0 +1,189 @@
+"""The agent's one route: vet, dial, answer 101, then relay frames to the backend.
+
+Who may ask: a TLS client whose certificate chains to the agent's client CA
+(the handshake demands one), is meant for client authentication, and whose
+common name is an allowed replica identity. What may be dialed: whatever the
+agent's own policy allows (its socket directories, symlinks resolved before
+the check; TCP and UDP only to networks it was told to allow), never what
+the replica's policy says. A refusal is a `Status` (401 for the caller's
+identity, 403 with the policy's reason, 503 when the dial fails), sent
+before any upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+from aiohttp import hdrs, web
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from subres.backends import direct
+from subres.backends import endpoint as endpoints
+from subres.backends.stream import BackendUnavailable, ByteStream
+from subres.config import EndpointPolicySpec
+from subres.kube.status import StatusError
+from subres.protocol import relay
+from subres.server.tls import peer_certificate
+from subres.streams.upgrade import UpgradedSocket, upgrade
+
+__all__ = ["Relay", "handle"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Relay:
+    """What the agent's route needs: its node, policy, callers and dial settings."""
+
+    node: str
+    policy: EndpointPolicySpec
+    """Socket directories already resolved; schemes `unix`, plus `tcp` when networks are allowed."""
+    allowed_names: frozenset[str]
+    connect_timeout: float
+    read_size: int
+    write_timeout: float
+    """Seconds a backend may take no data before the relay fails."""
+
+
+async def handle(settings: Relay, request: web.Request) -> web.StreamResponse:
+    """Check the caller and the endpoint, dial, upgrade, relay until the session ends."""
+    caller = _caller(settings, request)
+    if request.headers.get(hdrs.UPGRADE, "").lower() != relay.UPGRADE:
+        raise StatusError(400, f"a relay request needs `Upgrade: {relay.UPGRADE}`")
+    transport = _transport(request.headers.get(relay.TRANSPORT_HEADER, "stream"))
+    url = request.headers.get(relay.ENDPOINT_HEADER, "")
+    purpose = request.headers.get(relay.FOR_HEADER, "")
+    target = await _vet(settings, url, transport)
+    backend = await _dial(settings, target, transport)
+    log.info("relaying %s for %s (%s) as %s", target.endpoint, purpose or "?", transport, caller)
+    try:
+        response, peer = await upgrade(
+            request, [(hdrs.CONNECTION, "Upgrade"), (hdrs.UPGRADE, relay.UPGRADE)]
+        )
+        if request.transport is not None:
+            # As the replica does: a few frames in flight rather than a pause per frame.
+            request.transport.set_write_buffer_limits(high=4 * settings.read_size)
+        ended = await _relay(peer, backend, datagram=transport is relay.Transport.DATAGRAM)
+        log.info("relay to %s ended: %s", target.endpoint, ended)
+        await peer.close()
+    finally:
+        await backend.close()
+    return response
+
+
+def _caller(settings: Relay, request: web.Request) -> str:
+    """The replica identity of the client certificate (401 otherwise)."""
+    cert = peer_certificate(request.transport)
+    if cert is None:
+        raise StatusError(401, "a relay request needs a client certificate")
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    name = str(names[0].value) if names else ""
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        usages = x509.ExtendedKeyUsage([])
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        raise StatusError(401, f"certificate {name!r} is not a client certificate")
+    if name not in settings.allowed_names:
+        raise StatusError(401, f"certificate {name!r} is not an allowed replica identity")
+    return name
+
+
+def _transport(text: str) -> relay.Transport:
+    try:
+        return relay.Transport(text)
+    except ValueError:
+        raise StatusError(400, f"unknown {relay.TRANSPORT_HEADER} {text!r}") from None
+
+
+async def _vet(settings: Relay, url: str, transport: relay.Transport) -> endpoints.Target:
+    """The endpoint as this agent's policy allows it, or a 400/403 naming the node."""
+    where = f'agent on node "{settings.node}"'
+    try:
+        endpoint = endpoints.parse(url)
+        if endpoint.scheme == "unix":
+            if transport is relay.Transport.DATAGRAM:
+                raise endpoints.EndpointInvalid("unix endpoints are streams, not datagrams")
+            # The check must see where the path really leads, and the dial go exactly there.
+            resolved = await asyncio.to_thread(os.path.realpath, endpoint.path)
+            endpoint = endpoints.Endpoint("unix", path=resolved)
+        return await endpoints.check(endpoint, settings.policy)
+    except endpoints.EndpointError as exc:
+        log.warning("%s refused %r: %s", where, url, exc)
+        raise StatusError(exc.code, f"{where}: {exc}") from None
+
+
+async def _dial(
+    settings: Relay, target: endpoints.Target, transport: relay.Transport
+) -> ByteStream:
+    try:
+        return await direct.dial(
+            target,
+            udp=transport is relay.Transport.DATAGRAM,
+            connect_timeout=settings.connect_timeout,
+            read_size=settings.read_size,
+            write_timeout=settings.write_timeout,
+        )
+    except BackendUnavailable as exc:
+        raise StatusError(503, f'agent on node "{settings.node}": {exc}') from None
+
+
+async def _relay(peer: UpgradedSocket, backend: ByteStream, *, datagram: bool) -> str:
+    """Frames from the replica to the backend and back, until the replica leaves.
+
+    The backend's end (EOF, or an error with its reason) goes to the replica
+    as a frame; the replica then closes, which is what ends the relay.
+    """
+    down = asyncio.create_task(_down(backend, peer))
+    try:
+        return await _up(peer, backend, datagram=datagram)
+    finally:
+        down.cancel()
+        await asyncio.wait([down])
+
+
+async def _up(peer: UpgradedSocket, backend: ByteStream, *, datagram: bool) -> str:
+    decoder = relay.FrameDecoder(partial=not datagram)
+    while chunk := await peer.read():
+        try:
+            events = decoder.feed(chunk)
+        except relay.FrameError as exc:
+            return f"bad frame from the replica: {exc}"
+        for event in events:
+            if isinstance(event, relay.ErrorReceived):
+                return f"the replica failed: {event.reason}"
+            try:
+                if isinstance(event, relay.DataReceived):
+                    await backend.write(event.data)
+                else:
+                    await backend.write_eof()
+            except (OSError, RuntimeError) as exc:
+                with contextlib.suppress(OSError, RuntimeError):
+                    await peer.write(relay.error(f"backend write failed: {exc}"))
+                return f"backend write failed: {exc}"
+    return "the replica closed the relay"
+
+
+async def _down(backend: ByteStream, peer: UpgradedSocket) -> None:
+    while True:
+        try:
+            chunk = await backend.read()
+        except (OSError, RuntimeError) as exc:
+            last = relay.error(f"backend connection failed: {exc}")
+            break
+        if not chunk:
+            last = relay.eof()
+            break
+        try:
+            for part in relay.data_frame(chunk):
+                await peer.write(part)
+        except (OSError, RuntimeError) as exc:
+            log.debug("replica write failed: %s", exc)  # the replica left: _up ends the relay
+            return
+    with contextlib.suppress(OSError, RuntimeError):
+        await peer.write(last)

@@ -1,0 +1,369 @@
+"""Node-local endpoints, reached through the subres agent of their node.
+
+A replica cannot dial a VM's unix socket on another node; that node's agent
+can. `Agents.dial` opens one mutual-TLS connection to the agent per
+session (no multiplexing: a session's failure is its own), asks it for one
+endpoint (`protocol.relay`), and hands back a `RelayStream`: the same
+`ByteStream` every backend yields, so every subresource works through it.
+
+Failures keep the dial-before-upgrade promise: no agent for the node, or
+one that cannot be reached, is `AgentUnavailable` (503 naming the node); an
+agent that refuses or fails its own dial is `AgentRefused` with its code
+(403 with its policy's reason, 502/503 when its dial failed). Once relaying,
+an agent that dies makes `read` raise `ConnectionResetError`: a lost relay
+is a failure, never a clean end of the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import h11
+
+from subres.backends.endpoint import Endpoint, Target
+from subres.backends.stream import BackendUnavailable, SocketStream
+from subres.protocol import relay
+
+__all__ = [
+    "AgentRefused",
+    "AgentUnavailable",
+    "Agents",
+    "ClientTLS",
+    "Directory",
+    "RelayStream",
+    "StaticDirectory",
+    "parse_agent_url",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_REFUSAL = 64 << 10
+"""Largest refusal body read from an agent."""
+
+
+class AgentUnavailable(BackendUnavailable):
+    """No agent serves the node, or it cannot be reached."""
+
+
+class AgentRefused(BackendUnavailable):
+    """The agent answered, but with a refusal; `code` is the status to pass on."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Directory(Protocol):
+    """Where each node's agent listens."""
+
+    def url(self, node: str) -> str | None:
+        """`https://host:port` of the agent of `node`, or None when none serves it."""
+        ...
+
+
+@dataclass(frozen=True)
+class StaticDirectory:
+    """Agents named on the command line (standalone mode: `--agent NODE=URL`)."""
+
+    urls: Mapping[str, str]
+
+    def url(self, node: str) -> str | None:
+        """The URL given for `node`."""
+        return self.urls.get(node)
+
+
+def parse_agent_url(url: str) -> tuple[str, int]:
+    """Host and port of `https://host:port`; ValueError otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError(f"agent URL {url!r} is not https://HOST:PORT")
+    return parts.hostname, parts.port or 443
+
+
+_Stamp = tuple[int, int, int] | None
+
+
+class ClientTLS:
+    """The replica's side of mutual TLS with agents, rebuilt when its files change.
+
+    The agent's certificate must chain to `ca` and name `server_name` (one name
+    for every agent: they are reached by pod address, which no certificate
+    made in advance can name).
+    """
+
+    def __init__(self, *, cert: Path, key: Path, ca: Path, server_name: str) -> None:
+        self.server_name = server_name
+        self._files = (cert, key, ca)
+        self._stamps: tuple[_Stamp, ...] | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """The current context (certificate rotation takes effect at the next dial)."""
+        stamps = tuple(_stamp(path) for path in self._files)
+        if self._context is None or stamps != self._stamps:
+            cert, key, ca = self._files
+            context = ssl.create_default_context(cafile=str(ca))
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(cert, key)
+            self._context, self._stamps = context, stamps
+        return self._context
+
+
+def _stamp(path: Path) -> _Stamp:
+    # As server/tls.py stamps its files; the layers keep backends from importing it.
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_mtime_ns, status.st_size, status.st_ino)
+
+
+@dataclass(frozen=True)
+class Agents:
+    """How this replica reaches node agents."""
+
+    directory: Directory
+    tls: ClientTLS | None
+    """None when no client certificate is configured: every agent dial then fails."""
+
+    async def dial(
+        self,
+        node: str,
+        target: Target,
+        *,
+        datagram: bool,
+        connect_timeout: float,
+        read_size: int,
+        write_timeout: float,
+        purpose: str = "",
+    ) -> RelayStream:
+        """A relayed connection to `target` through the agent of `node`."""
+        url = self.directory.url(node)
+        if url is None:
+            raise AgentUnavailable(f'no subres agent serves node "{node}"')
+        if self.tls is None:
+            raise AgentUnavailable(
+                f'node "{node}" needs its subres agent, and this server has no agent certificate'
+            )
+        host, port = parse_agent_url(url)
+        where = f'the subres agent of node "{node}" at {url}'
+        try:
+            context = self.tls.context()
+        except (OSError, ValueError) as exc:
+            raise AgentUnavailable(f"cannot load the agent client certificate: {exc}") from None
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> RelayStream:
+            return RelayStream(
+                high_water=4 * read_size,
+                write_timeout=write_timeout,
+                lost=f"{where} was lost",
+                datagram=datagram,
+            )
+
+        stream: RelayStream | None = None
+        try:
+            async with asyncio.timeout(connect_timeout):
+                transport, stream = await loop.create_connection(
+                    protocol, host, port, ssl=context, server_hostname=self.tls.server_name
+                )
+                # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
+                transport.set_write_buffer_limits(high=4 * read_size)
+                await stream.handshake(target.endpoint, target.address, datagram, purpose)
+        except TimeoutError:
+            await _discard(stream)
+            raise AgentUnavailable(f"{where} did not answer within {connect_timeout:g}s") from None
+        except AgentRefused as exc:
+            await _discard(stream)
+            raise AgentRefused(f'subres agent of node "{node}": {exc}', exc.code) from None
+        except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
+            await _discard(stream)
+            raise AgentUnavailable(f"{where} is unreachable: {exc}") from None
+        return stream
+
+
+async def _discard(stream: RelayStream | None) -> None:
+    if stream is not None:
+        await stream.close()
+
+
+def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
+    """What the agent is asked to dial: the checked address, never a name to resolve again."""
+    if endpoint.scheme == "unix":
+        return str(endpoint)
+    return str(Endpoint(endpoint.scheme, host=address or endpoint.host, port=endpoint.port))
+
+
+class RelayStream(SocketStream):
+    """A `ByteStream` over one relay connection: frames inside mutual TLS.
+
+    Until the agent's answer, bytes go to an h11 client; after its 101 they are
+    frames, whose payloads take `SocketStream`'s queue and flow control.
+    """
+
+    __slots__ = ("_answer", "_body", "_decoder", "_failure", "_http", "_lost_reason", "_status")
+
+    def __init__(self, *, high_water: int, write_timeout: float, lost: str, datagram: bool) -> None:
+        super().__init__(high_water=high_water, write_timeout=write_timeout)
+        self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
+        self._answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A refusal that arrives after the dial timed out is nobody's to raise: mark it seen.
+        self._answer.add_done_callback(_retrieve)
+        self._status = 0
+        self._body = bytearray()
+        self._decoder = relay.FrameDecoder(partial=not datagram)
+        self._failure: str | None = None
+        self._lost_reason = lost
+
+    async def handshake(
+        self, endpoint: Endpoint, address: str, datagram: bool, purpose: str
+    ) -> None:
+        """Ask for the endpoint; returns after the agent's 101, raises on its refusal."""
+        assert self._http is not None and self._transport is not None
+        transport = relay.Transport.DATAGRAM if datagram else relay.Transport.STREAM
+        headers = [
+            ("Host", "subres-agent"),
+            ("Connection", "Upgrade"),
+            ("Upgrade", relay.UPGRADE),
+            ("Content-Length", "0"),
+            (relay.ENDPOINT_HEADER, _wire_endpoint(endpoint, address)),
+            (relay.TRANSPORT_HEADER, transport.value),
+        ]
+        if purpose:
+            headers.append((relay.FOR_HEADER, purpose))
+        request = self._http.send(h11.Request(method="POST", target=relay.PATH, headers=headers))
+        end = self._http.send(h11.EndOfMessage())
+        self._transport.write((request or b"") + (end or b""))
+        await self._answer
+
+    def data_received(self, data: bytes) -> None:
+        """The agent's answer, then frames."""
+        if self._http is not None:
+            self._answer_received(data)
+        else:
+            self._frames_received(data)
+
+    def _answer_received(self, data: bytes) -> None:
+        http = self._http
+        assert http is not None
+        try:
+            http.receive_data(data)
+            while (event := http.next_event()) is not h11.NEED_DATA:
+                if self._answer_event(http, event):
+                    return
+        except h11.ProtocolError as exc:
+            self._settle(AgentUnavailable(f"the agent's answer is not HTTP: {exc}"))
+
+    def _answer_event(self, http: h11.Connection, event: object) -> bool:
+        """Handle one h11 event of the answer; True once the answer is complete."""
+        if isinstance(event, h11.InformationalResponse) and event.status_code == 101:
+            leftover, _ = http.trailing_data
+            self._http = None
+            self._settle(None)
+            if leftover:
+                self._frames_received(bytes(leftover))
+            return True
+        if isinstance(event, h11.Response):
+            self._status = event.status_code
+        elif isinstance(event, h11.Data):
+            self._body += event.data
+            if len(self._body) > MAX_REFUSAL:
+                self._settle(AgentUnavailable("the agent's refusal is too long"))
+                return True
+        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed | h11.PAUSED):
+            self._settle(_refusal(self._status, bytes(self._body)))
+            return True
+        return False
+
+    def _settle(self, outcome: Exception | None) -> None:
+        if self._answer.done():
+            return
+        if outcome is None:
+            self._answer.set_result(None)
+        else:
+            self._answer.set_exception(outcome)
+            if self._transport is not None:
+                self._transport.close()
+
+    def _frames_received(self, data: bytes) -> None:
+        try:
+            events = self._decoder.feed(data)
+        except relay.FrameError as exc:
+            self._failure = f"the agent broke the relay protocol: {exc}"
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        for event in events:
+            if isinstance(event, relay.DataReceived):
+                if event.data:
+                    super().data_received(event.data)
+            elif isinstance(event, relay.EofReceived):
+                super().eof_received()
+            else:
+                self._failure = event.reason
+                super().eof_received()
+
+    def eof_received(self) -> bool:
+        """TLS ended without our EOF frame: wait for `connection_lost` to say so."""
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Without an EOF or ERROR frame first, the relay was lost."""
+        if self._http is not None:
+            why = f": {exc}" if exc else ""
+            self._settle(AgentUnavailable(f"the agent closed the connection{why}"))
+        elif not self._eof and self._failure is None:
+            self._failure = self._lost_reason + (f": {exc}" if exc else "")
+        # After the agent's EOF frame the end is clean, whatever TLS said on closing.
+        failure = self._failure
+        super().connection_lost(None if failure is None else ConnectionResetError(failure))
+
+    async def read(self) -> bytes:
+        """The next chunk (or datagram); b"" after the agent's EOF; raises if the relay failed."""
+        chunk = await super().read()
+        if not chunk and self._failure is not None:
+            raise ConnectionResetError(self._failure)
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        """Send `data` as one frame (one datagram in datagram mode)."""
+        *first, last = relay.data_frame(data)
+        if first and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(first[0])
+        await super().write(last)
+
+    async def write_eof(self) -> None:
+        """Tell the agent we are done sending; its backend sees EOF."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(relay.eof())
+
+
+def _retrieve(answer: asyncio.Future[None]) -> None:
+    if not answer.cancelled():
+        answer.exception()
+
+
+def _refusal(status: int, body: bytes) -> Exception:
+    """The exception for an agent's non-101 answer, with the message of its Status."""
+    message = ""
+    try:
+        decoded = json.loads(body)
+        if isinstance(decoded, dict):
+            message = str(decoded.get("message") or "")
+    except ValueError:
+        pass
+    message = message or body[:200].decode(errors="replace") or f"HTTP {status}"
+    if status in (403, 502, 503):
+        return AgentRefused(message, status)
+    if status == 504:
+        return AgentRefused(message, 503)
+    return AgentUnavailable(f"the agent answered {status}: {message}")

@@ -1,0 +1,214 @@
+"""The relay protocol between a subres replica and a node agent, sans I/O.
+
+A replica asks an agent for one backend connection with one HTTP/1.1
+request over mutual TLS::
+
+    POST /relay HTTP/1.1
+    Host: subres-agent.subres-system.svc
+    Connection: Upgrade
+    Upgrade: subres-relay.v1
+    Subres-Endpoint: unix:///run/subres-machines/vm1/serial.sock
+    Subres-Transport: stream          (or datagram, for UDP)
+    Subres-For: Machine default/vm1   (for the agent's log only)
+
+The agent vets the endpoint with its own policy and dials it first; only
+then does it answer `101 Switching Protocols` (`Upgrade: subres-relay.v1`).
+A refusal is an ordinary HTTP answer with a Kubernetes `Status` body: 403
+when its policy forbids the endpoint, 502/503 when its dial failed.
+
+After the 101 both directions carry frames: one type byte, a 4-byte
+big-endian length, the payload. `DATA` carries bytes (in datagram mode,
+exactly one datagram); `EOF` says the sender will send nothing more (a
+half-close: the other direction keeps flowing); `ERROR` says the sender's
+backend failed, with the reason as UTF-8, and ends the relay. Framing is
+what lets a half-close and a failure cross TLS, which asyncio cannot
+half-close, and keeps datagram boundaries. A connection that ends without
+`EOF` or `ERROR` was lost: the agent or the replica died.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "ENDPOINT_HEADER",
+    "FOR_HEADER",
+    "JOIN_BELOW",
+    "MAX_FRAME",
+    "PATH",
+    "TRANSPORT_HEADER",
+    "UPGRADE",
+    "DataReceived",
+    "EofReceived",
+    "ErrorReceived",
+    "FrameDecoder",
+    "FrameError",
+    "FrameType",
+    "Transport",
+    "data",
+    "data_frame",
+    "data_header",
+    "eof",
+    "error",
+]
+
+PATH = "/relay"
+UPGRADE = "subres-relay.v1"
+ENDPOINT_HEADER = "Subres-Endpoint"
+TRANSPORT_HEADER = "Subres-Transport"
+FOR_HEADER = "Subres-For"
+
+MAX_FRAME = 4 << 20
+"""The largest payload a decoder accepts: above any read size or datagram."""
+JOIN_BELOW = 16 << 10
+"""Payloads smaller than this go out joined to their header: one write, one TLS record and
+one segment, which keeps an echo's round trip short; larger ones are written apart from
+their header, saving the copy."""
+
+_HEADER = struct.Struct(">BI")
+
+
+class Transport(enum.Enum):
+    """How the agent dials: a byte stream (tcp, unix) or datagrams (udp)."""
+
+    STREAM = "stream"
+    DATAGRAM = "datagram"
+
+
+class FrameType(enum.IntEnum):
+    """The first byte of a frame."""
+
+    DATA = 0
+    EOF = 1
+    ERROR = 2
+
+
+class FrameError(ValueError):
+    """The peer sent something that is not a relay frame."""
+
+
+@dataclass(frozen=True)
+class DataReceived:
+    """Bytes (or, in datagram mode, one datagram)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class EofReceived:
+    """The peer will send nothing more."""
+
+
+@dataclass(frozen=True)
+class ErrorReceived:
+    """The peer's backend failed; the relay is over."""
+
+    reason: str
+
+
+Event = DataReceived | EofReceived | ErrorReceived
+
+
+def data(payload: bytes) -> bytes:
+    """A DATA frame carrying `payload`."""
+    return data_header(len(payload)) + payload
+
+
+def data_frame(payload: bytes) -> tuple[bytes, ...]:
+    """A DATA frame as the writes to make: one joined, or header and payload apart."""
+    if len(payload) < JOIN_BELOW:
+        return (data(payload),)
+    return (data_header(len(payload)), payload)
+
+
+def data_header(size: int) -> bytes:
+    """The header of a DATA frame of `size` bytes (sent before the payload, saving a copy)."""
+    return _HEADER.pack(FrameType.DATA, size)
+
+
+def eof() -> bytes:
+    """An EOF frame."""
+    return _HEADER.pack(FrameType.EOF, 0)
+
+
+def error(reason: str) -> bytes:
+    """An ERROR frame with `reason` (cut to 1 KiB)."""
+    payload = reason.encode()[:1024]
+    return _HEADER.pack(FrameType.ERROR, len(payload)) + payload
+
+
+class FrameDecoder:
+    """Bytes in, frame events out, whatever the chunking.
+
+    With `partial` (byte streams), a DATA payload is handed out as its bytes
+    arrive, in as many events as the chunking makes: a chunk that is all
+    payload goes out as it is, uncopied. Without it (datagrams), each DATA
+    event is one whole frame.
+    """
+
+    __slots__ = ("_buffer", "_partial", "_remaining")
+
+    def __init__(self, *, partial: bool = False) -> None:
+        self._buffer = bytearray()
+        self._partial = partial
+        self._remaining = 0
+        """Payload bytes of the current DATA frame still to come (partial mode)."""
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        """The events completed by `chunk`; raises `FrameError` on a bad frame."""
+        events: list[Event] = []
+        if self._remaining:
+            if len(chunk) <= self._remaining:
+                self._remaining -= len(chunk)
+                return [DataReceived(chunk)] if chunk else []
+            events.append(DataReceived(chunk[: self._remaining]))
+            chunk = chunk[self._remaining :]
+            self._remaining = 0
+        if self._buffer:
+            self._buffer += chunk
+            source: bytes | bytearray = self._buffer
+        else:
+            # The common case: nothing held back, so frames are cut from `chunk` itself.
+            source = chunk
+        offset = self._frames(source, events)
+        if source is self._buffer:
+            del self._buffer[:offset]
+        elif offset < len(source):
+            self._buffer = bytearray(chunk[offset:])
+        return events
+
+    def _frames(self, source: bytes | bytearray, events: list[Event]) -> int:
+        """Append the frames that `source` holds to `events`; the bytes consumed."""
+        offset = 0
+        size = len(source)
+        with memoryview(source) as view:
+            while size - offset >= _HEADER.size:
+                kind, length = _HEADER.unpack_from(view, offset)
+                if length > MAX_FRAME:
+                    raise FrameError(f"relay frame of {length} bytes exceeds {MAX_FRAME}")
+                start = offset + _HEADER.size
+                end = start + length
+                if end > size:
+                    if self._partial and kind == FrameType.DATA:
+                        if start < size:
+                            events.append(DataReceived(bytes(view[start:])))
+                        self._remaining = end - size
+                        return size
+                    break
+                events.append(_event(kind, bytes(view[start:end])))
+                offset = end
+        return offset
+
+
+def _event(kind: int, payload: bytes) -> Event:
+    if kind == FrameType.DATA:
+        return DataReceived(payload)
+    if kind == FrameType.EOF:
+        if payload:
+            raise FrameError("relay EOF frame with a payload")
+        return EofReceived()
+    if kind == FrameType.ERROR:
+        return ErrorReceived(payload.decode(errors="replace"))
+    raise FrameError(f"unknown relay frame type {kind}")

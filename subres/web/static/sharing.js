@@ -1,0 +1,76 @@
+// Who holds the machine's console and display: the sessions API, read before and while connected.
+
+const POLL_MS = 3000;
+
+export class Presence {
+  constructor({ url, headers, onChange }) {
+    this.url = url;
+    this.headers = headers;
+    this.onChange = onChange;
+    this.items = [];
+    this.timer = null;
+  }
+
+  // The live sessions, or null when they cannot be read (no permission, an older server).
+  async read() {
+    try {
+      const response = await fetch(this.url, { headers: this.headers, cache: 'no-store' });
+      if (!response.ok) return null;
+      this.items = (await response.json()).items || [];
+    } catch {
+      return null;
+    }
+    this.onChange(this.items);
+    return this.items;
+  }
+
+  follow() {
+    if (this.timer === null) this.timer = setInterval(() => this.read(), POLL_MS);
+  }
+}
+
+export function holder(items, subresource) {
+  const mode = subresource === 'vnc' ? 'viewer' : 'writer';
+  return (items || []).find((i) => i.subresource === subresource && i.mode === mode) || null;
+}
+
+export function observers(items, subresource) {
+  return (items || []).filter((i) => i.subresource === subresource && i.mode === 'observer');
+}
+
+export function since(item) {
+  return new Date(item.since).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+}
+
+// One line for the banner: who holds it, who watches, whether it is recorded.
+export function summary(items, subresource) {
+  const held = holder(items, subresource);
+  const acting = subresource === 'vnc' ? 'viewing' : 'writing';
+  const watching = observers(items, subresource).map((i) => i.user);
+  const parts = [held ? `${held.user} ${acting} since ${since(held)}` : `nobody ${acting}`];
+  if (watching.length) parts.push(`watched by ${watching.join(', ')}`);
+  if ((items || []).some((i) => i.subresource === subresource && i.recorded)) parts.push('recorded');
+  return parts.join(' · ');
+}
+
+// Ask, in `element`, whether to take over from `held` or to watch; resolves with the mode.
+export function choose(element, held, { watch }) {
+  return new Promise((resolve) => {
+    const box = document.createElement('div');
+    box.className = 'chooser';
+    const text = document.createElement('span');
+    text.textContent = `In use by ${held.user} since ${since(held)} — `;
+    box.append(text);
+    for (const [label, mode] of [['Take over', 'writer'], [watch, 'observer']]) {
+      const button = document.createElement('button');
+      button.textContent = label;
+      button.dataset.mode = mode;
+      button.addEventListener('click', () => {
+        box.remove();
+        resolve(mode);
+      });
+      box.append(button);
+    }
+    element.append(box);
+  });
+}

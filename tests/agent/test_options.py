@@ -1,0 +1,47 @@
+"""Flags of `subres agent`, and the replica's agent flags: what each mode accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from subres.agent.options import AgentOptions
+from subres.main import parser
+from subres.server.options import Options
+
+
+def serve_problems(*args: str) -> list[str]:
+    return Options.from_args(parser().parse_args(["serve", *args])).validate()
+
+
+def agent_problems(*args: str) -> list[str]:
+    base = ["agent", "--tls-cert-file=a", "--tls-private-key-file=b", "--client-ca-file=c"]
+    return AgentOptions.from_args(parser().parse_args([*base, *args])).validate()
+
+
+def test_standalone_replicas_name_their_agents(tmp_path: Path) -> None:
+    standalone = f"--standalone={tmp_path / 'm.yaml'}"
+    assert serve_problems(standalone, "--agent=node-a=https://10.0.0.1:8444") == []
+    options = Options.from_args(
+        parser().parse_args(["serve", standalone, "--agent", "node-a=https://h:1"])
+    )
+    assert options.agents == (("node-a", "https://h:1"),)
+    assert options.agent_server_name == "subres-agent.subres-system.svc"
+    [bad] = serve_problems(standalone, "--agent=node-a=http://10.0.0.1:8444")
+    assert "is not https://HOST:PORT" in bad
+    # In a cluster, agents come from their pods, never from a list.
+    [listed] = serve_problems("--agent=node-a=https://10.0.0.1:8444")
+    assert "found by pod" in listed
+    [partial] = serve_problems(standalone, "--agent-ca-file=ca.crt")
+    assert "go together" in partial
+
+
+def test_an_agent_needs_a_node_and_something_it_may_dial() -> None:
+    assert agent_problems("--node-name=n", "--socket-dir=/run/vms") == []
+    problems = agent_problems()
+    assert any("--node-name is required" in p for p in problems)
+    assert any("could dial nothing" in p for p in problems)
+    assert agent_problems("--node-name=n", "--socket-dir=relative") == [
+        "--socket-dir relative must be an absolute directory below /"
+    ]
+    [cidr] = agent_problems("--node-name=n", "--allow-tcp=10.0.0.0/33")
+    assert cidr.startswith("--allow-tcp 10.0.0.0/33")

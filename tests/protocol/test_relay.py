@@ -1,0 +1,95 @@
+"""The agent relay's frames: fixed bytes, any chunking, hostile input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from subres.protocol import relay
+
+
+def test_frames_are_a_type_byte_a_length_and_the_payload() -> None:
+    assert relay.data(b"hi") == b"\x00\x00\x00\x00\x02hi"
+    assert relay.eof() == b"\x01\x00\x00\x00\x00"
+    assert relay.error("gone") == b"\x02\x00\x00\x00\x04gone"
+    assert relay.error("é" * 2000) == b"\x02\x00\x00\x04\x00" + ("é" * 512).encode()
+
+
+def test_decoder_yields_events_in_order() -> None:
+    wire = relay.data(b"abc") + relay.data(b"") + relay.eof() + relay.error("boom")
+    assert relay.FrameDecoder().feed(wire) == [
+        relay.DataReceived(b"abc"),
+        relay.DataReceived(b""),
+        relay.EofReceived(),
+        relay.ErrorReceived("boom"),
+    ]
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=10),
+)
+def test_any_chunking_gives_the_same_frames(payloads: list[bytes], cuts: list[int]) -> None:
+    wire = b"".join(relay.data(p) for p in payloads) + relay.eof()
+    decoder = relay.FrameDecoder()
+    events = []
+    start = 0
+    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
+        events += decoder.feed(wire[start:cut])
+        start = max(start, cut)
+    assert events == [relay.DataReceived(p) for p in payloads] + [relay.EofReceived()]
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        (b"\x07\x00\x00\x00\x00", "unknown relay frame type 7"),
+        (b"\x01\x00\x00\x00\x01x", "EOF frame with a payload"),
+        (b"\x00\xff\xff\xff\xff", "exceeds"),
+    ],
+)
+def test_hostile_frames_are_refused(wire: bytes, message: str) -> None:
+    with pytest.raises(relay.FrameError, match=message):
+        relay.FrameDecoder().feed(wire)
+
+
+def test_a_huge_length_is_refused_before_its_payload_arrives() -> None:
+    decoder = relay.FrameDecoder()
+    with pytest.raises(relay.FrameError):
+        decoder.feed((relay.MAX_FRAME + 1).to_bytes(5, "big"))
+
+
+@given(
+    payloads=st.lists(st.binary(min_size=1, max_size=3000), max_size=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=20000), max_size=12),
+)
+def test_partial_mode_hands_out_payload_bytes_as_they_come(
+    payloads: list[bytes], cuts: list[int]
+) -> None:
+    wire = b"".join(relay.data(p) for p in payloads) + relay.error("x")
+    decoder = relay.FrameDecoder(partial=True)
+    events = []
+    start = 0
+    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
+        events += decoder.feed(wire[start:cut])
+        start = max(start, cut)
+    data = [e for e in events if isinstance(e, relay.DataReceived)]
+    assert b"".join(e.data for e in data) == b"".join(payloads)
+    assert events[-1] == relay.ErrorReceived("x")
+
+
+def test_partial_mode_passes_a_payload_only_chunk_uncopied() -> None:
+    decoder = relay.FrameDecoder(partial=True)
+    assert decoder.feed(relay.data_header(10) + b"abc") == [relay.DataReceived(b"abc")]
+    middle = b"defg"
+    [event] = decoder.feed(middle)
+    assert event.data is middle  # type: ignore[union-attr]
+    assert decoder.feed(b"hij" + relay.eof()) == [relay.DataReceived(b"hij"), relay.EofReceived()]
+
+
+def test_small_frames_are_one_write_and_large_ones_skip_the_join() -> None:
+    small, large = b"x" * 100, b"y" * relay.JOIN_BELOW
+    assert relay.data_frame(small) == (relay.data(small),)
+    header, payload = relay.data_frame(large)
+    assert header + payload == relay.data(large) and payload is large
