@@ -30,7 +30,7 @@ WAIT = 30.0
 def vm1(backend: Backend) -> dict[str, Any]:
     """Machine vm1: its console and its one forwardable port are the echo backend."""
     forward = {"portForward": {"address": "127.0.0.1", "ports": [port_of(backend.url)]}}
-    return machine("vm1", console=backend.url, spec=forward)
+    return machine("vm1", console=backend.url, status=forward)
 
 
 @asynccontextmanager
