@@ -249,7 +249,7 @@ def test_endpoints_outside_status_need_the_opt_in(path: str) -> None:
 
 def test_the_node_that_picks_the_agent_is_trusted_too() -> None:
     data = {"parents": [dict(parent_reading(".status.console"), node=".spec.node")]}
-    with pytest.raises(config.ConfigError, match="hosts.node reads .spec.node"):
+    with pytest.raises(config.ConfigError, match=r"hosts\.node reads \.spec\.node"):
         config.parse(data)
     hosts = config.parse({**data, "endpointsFromSpec": True}).parent("hosts")
     assert hosts is not None and hosts.node == ".spec.node"

@@ -133,8 +133,10 @@ def kept_machines(path: Path, backend_port: int, *, kept: bool) -> None:
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
             "metadata": {"name": f"k{i}", "namespace": "default", "annotations": annotations},
-            "spec": {"console": {"endpoint": f"tcp://127.0.0.1:{backend_port}"}},
-            "status": {"phase": "Running"},
+            "status": {
+                "phase": "Running",
+                "console": {"endpoint": f"tcp://127.0.0.1:{backend_port}"},
+            },
         }
         for i in range(KEPT)
     ]

@@ -60,7 +60,7 @@ from tests.examples.test_qemu_vm import (
     run_script,
     shell_computes,
 )
-from tests.support import Backend, node_local_config
+from tests.support import LOOPBACK_POLICY, Backend, node_local_config
 
 NODES = {"node-a": "127.0.0.2", "node-b": "127.0.0.3"}
 """The stand-in nodes and the loopback address each one's agent listens on."""
@@ -73,7 +73,7 @@ def config(root: Path) -> dict[str, Any]:
     port-forward address that is on the machine's node (QEMU forwards to its loopback)."""
     return {
         **node_local_config("portforward"),
-        "endpointPolicy": {"socketDirs": [str(root)], "allowCIDRs": ["127.0.0.0/8"]},
+        "endpointPolicy": {"socketDirs": [str(root)], **LOOPBACK_POLICY},
     }
 
 
