@@ -665,7 +665,7 @@ def _mapping(data: Any, what: str, keys: set[str] | None) -> dict[str, Any]:
         raise ConfigError(f"{what} must be a mapping")
     unknown = set(data) - keys if keys is not None else set()
     if unknown:
-        raise ConfigError(f"{what}: unknown keys {sorted(unknown)}")
+        raise ConfigError(f"{what}: unknown keys {sorted(map(str, unknown))}")
     return data
 
 

@@ -64,6 +64,8 @@ def test_full_file() -> None:
     ("data", "words"),
     [
         ({"grup": "x"}, "unknown keys ['grup']"),
+        # A YAML null key beside a string one (found by the fuzzer: sorting them raised).
+        ({None: 1, "J": 2}, "unknown keys ['J', 'None']"),
         ({"session": {"pingInterval": 0}}, "pingInterval must be a positive number"),
         ({"session": {"screenshotConcurrency": 0}}, "screenshotConcurrency must be a positive"),
         ({"session": {"screenshotMaxPixels": True}}, "screenshotMaxPixels must be a positive"),
