@@ -618,8 +618,8 @@ def _session(data: Any) -> SessionSpec:
             doc.get("screenshotConcurrency", default.screenshot_concurrency),
             "screenshotConcurrency",
         ),
-        observer_backlog=int(
-            _positive(doc.get("observerBacklog", default.observer_backlog), "observerBacklog")
+        observer_backlog=_count(
+            doc.get("observerBacklog", default.observer_backlog), "observerBacklog"
         ),
     )
 
@@ -635,7 +635,7 @@ def _consoles(data: Any) -> ConsolesSpec:
     d = ConsolesSpec()
 
     def size(value: Any, what: str) -> int:
-        return int(_positive(value, f"consoles.{what}"))
+        return _count(value, f"consoles.{what}")
 
     return ConsolesSpec(
         keep_annotation=_str(doc.get("keepAnnotation", d.keep_annotation), "keepAnnotation"),

@@ -70,6 +70,8 @@ def test_full_file() -> None:
         ({"session": {"screenshotConcurrency": 0}}, "screenshotConcurrency must be a positive"),
         ({"session": {"screenshotMaxPixels": True}}, "screenshotMaxPixels must be a positive"),
         ({"session": {"readSize": 1.5}}, "readSize must be a positive integer"),
+        ({"session": {"observerBacklog": 0.5}}, "observerBacklog must be a positive integer"),
+        ({"consoles": {"scrollback": True}}, "consoles.scrollback must be a positive integer"),
         ({"endpointPolicy": {"allowCIDRs": ["10.0.0.0/33"]}}, "bad CIDR"),
         (
             {"parents": [{"resource": "x", "kind": "X", "source": {}, "subresources": {}}]},
