@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
+from subres.agent import run
 from subres.agent.options import AgentOptions
+from subres.backends import endpoint
 from subres.main import parser
 from subres.server.options import Options
 
@@ -45,3 +48,23 @@ def test_an_agent_needs_a_node_and_something_it_may_dial() -> None:
     ]
     [cidr] = agent_problems("--node-name=n", "--allow-tcp=10.0.0.0/33")
     assert cidr.startswith("--allow-tcp 10.0.0.0/33")
+
+
+def test_an_agents_allow_tcp_lifts_only_the_denies_it_names() -> None:
+    def may_dial(allow: str, address: str) -> bool:
+        options = AgentOptions.from_args(
+            parser().parse_args(
+                ["agent", "--tls-cert-file=a", "--tls-private-key-file=b", "--client-ca-file=c",
+                 "--node-name=n", f"--allow-tcp={allow}"]
+            )
+        )  # fmt: skip
+        return endpoint.allowed(ipaddress.ip_address(address), run.policy(options))
+
+    # The node's own loopback, when the operator names it.
+    assert may_dial("127.0.0.0/8", "127.0.0.1")
+    assert may_dial("127.0.0.0/8", "::ffff:127.0.0.1")
+    # Everything, still never the metadata service or link-local, in any spelling.
+    assert may_dial("0.0.0.0/0", "10.1.2.3")
+    assert not may_dial("0.0.0.0/0", "169.254.169.254")
+    assert not may_dial("::/0", "::ffff:169.254.169.254")
+    assert not may_dial("0.0.0.0/0", "127.0.0.1")
