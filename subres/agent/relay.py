@@ -180,8 +180,7 @@ async def _down(backend: ByteStream, peer: UpgradedSocket) -> None:
             last = relay.eof()
             break
         try:
-            for part in relay.data_frame(chunk):
-                await peer.write(part)
+            await peer.write(relay.data(chunk))
         except (OSError, RuntimeError) as exc:
             log.debug("replica write failed: %s", exc)  # the replica left: _up ends the relay
             return

@@ -336,10 +336,7 @@ class RelayStream(SocketStream):
 
     async def write(self, data: bytes) -> None:
         """Send `data` as one frame (one datagram in datagram mode)."""
-        *first, last = relay.data_frame(data)
-        if first and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(first[0])
-        await super().write(last)
+        await super().write(relay.data(data))
 
     async def write_eof(self) -> None:
         """Tell the agent we are done sending; its backend sees EOF."""

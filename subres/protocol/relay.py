@@ -35,7 +35,6 @@ from dataclasses import dataclass
 __all__ = [
     "ENDPOINT_HEADER",
     "FOR_HEADER",
-    "JOIN_BELOW",
     "MAX_FRAME",
     "PATH",
     "TRANSPORT_HEADER",
@@ -48,8 +47,6 @@ __all__ = [
     "FrameType",
     "Transport",
     "data",
-    "data_frame",
-    "data_header",
     "eof",
     "error",
 ]
@@ -62,10 +59,6 @@ FOR_HEADER = "Subres-For"
 
 MAX_FRAME = 4 << 20
 """The largest payload a decoder accepts: above any read size or datagram."""
-JOIN_BELOW = 16 << 10
-"""Payloads smaller than this go out joined to their header: one write, one TLS record and
-one segment, which keeps an echo's round trip short; larger ones are written apart from
-their header, saving the copy."""
 
 _HEADER = struct.Struct(">BI")
 
@@ -112,20 +105,12 @@ Event = DataReceived | EofReceived | ErrorReceived
 
 
 def data(payload: bytes) -> bytes:
-    """A DATA frame carrying `payload`."""
-    return data_header(len(payload)) + payload
+    """A DATA frame carrying `payload`, as one write.
 
-
-def data_frame(payload: bytes) -> tuple[bytes, ...]:
-    """A DATA frame as the writes to make: one joined, or header and payload apart."""
-    if len(payload) < JOIN_BELOW:
-        return (data(payload),)
-    return (data_header(len(payload)), payload)
-
-
-def data_header(size: int) -> bytes:
-    """The header of a DATA frame of `size` bytes (sent before the payload, saving a copy)."""
-    return _HEADER.pack(FrameType.DATA, size)
+    Joined even when large: the relay always runs over TLS, where a header
+    written apart costs a TLS record and a send of its own, more than the copy.
+    """
+    return _HEADER.pack(FrameType.DATA, len(payload)) + payload
 
 
 def eof() -> bytes:
