@@ -28,3 +28,11 @@ def test_bench_console_prints_its_tables() -> None:
     # Every measured row is present: six paths, two concurrencies, one idle level, two
     # cycles, three observer levels, three kept-console states (and a header row per table).
     assert out.count("\n| ") >= 6 + 2 + 1 + 2 + 3 + 3 + 6
+
+
+def test_bench_console_lists_python_allocations_per_session() -> None:
+    # The harness variant traced from its start used to miss the bench's start timeout.
+    args = ["--quick", "--phases", "memory", "--idle", "20", "--cycle-sessions", "20"]
+    out = run_bench("tests.bench.bench_console", *args, "--tracemalloc", timeout=180)
+    assert "#### tracemalloc: Python allocations grown at 20 sessions" in out
+    assert "| `" in out.split("#### tracemalloc")[1]  # at least one allocation site
