@@ -20,16 +20,19 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import platform
-import shlex
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests import gotools
-from tests.bench.procs import build_loadgen, spawn_program, tree_cpu_seconds
+from tests.bench.procs import (
+    bench_header,
+    build_loadgen,
+    run_loadgen,
+    spawn_program,
+    tree_cpu_seconds,
+)
 from tests.e2e import aggregation, controlplane, subresserver
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.test_subres import NS, bind_machine_users, put_machine
@@ -138,21 +141,9 @@ async def _transfer(
         str(loadgen), "tcp", "-dir", direction, "-bytes", str(total),
         "-addr", f"127.0.0.1:{local}", "-timeout", f"{TRANSFER_TIMEOUT:.0f}s",
     ]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        async with asyncio.timeout(TRANSFER_TIMEOUT + 10):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(err.decode(errors="replace")[-300:] or "loadgen failed")
+    result = await run_loadgen(argv, limit=TRANSFER_TIMEOUT + 10)
     await asyncio.sleep(SETTLE)  # another process's close: nothing signals it here
     after = sample()
-    result = json.loads(out)
     spent = [b - a for a, b in zip(before, after, strict=True)]
     return Sample(result["seconds"], spent[0], spent[1], spent[2] + result["cpu"])
 
@@ -176,25 +167,19 @@ def _row(transport: str, direction: str, sample: Sample, total: int) -> str:
 
 
 def _header(argv: Sequence[str], total: int) -> str:
-    command = " ".join(["python -m tests.bench.bench_apiserver", *map(shlex.quote, argv)])
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return "\n".join(
-        [
-            "## subres through the real kube-apiserver",
-            "",
-            f"- rerun: `cd {Path.cwd()} && {command}`",
-            f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
-            f"{platform.platform()}",
-            f"- {total // MIB} MiB each way per transport in 64 KiB writes (`loadgen`); "
-            "client-go's port-forwarder (`kubepeer`) → kube-apiserver (TLS, the aggregator's "
-            "proxy) → subres (TLS) → `loadgen`'s sink/source; MB = 10^6 bytes",
-            "- CPU s/GB: utime+stime from /proc of each process over the transfer",
-            "",
-            "| transport | direction | MB/s | subres CPU s/GB | kube-apiserver CPU s/GB "
-            "| client-go CPU s/GB |",
-            "| --- | --- | ---: | ---: | ---: | ---: |",
-        ]
+    facts = (
+        f"{total // MIB} MiB each way per transport in 64 KiB writes (`loadgen`); "
+        "client-go's port-forwarder (`kubepeer`) → kube-apiserver (TLS, the aggregator's "
+        "proxy) → subres (TLS) → `loadgen`'s sink/source; MB = 10^6 bytes",
+        "CPU s/GB: utime+stime from /proc of each process over the transfer",
     )
+    table = (
+        "| transport | direction | MB/s | subres CPU s/GB | kube-apiserver CPU s/GB "
+        "| client-go CPU s/GB |\n| --- | --- | ---: | ---: | ---: | ---: |"
+    )
+    title = "subres through the real kube-apiserver"
+    head = bench_header(title, "tests.bench.bench_apiserver", argv, *facts)
+    return f"{head}\n\n{table}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -31,12 +31,9 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
-import platform
 import re
 import secrets
-import shlex
 import ssl
 import statistics
 import sys
@@ -55,7 +52,15 @@ from subres.server import certs
 from tests.bench import cycles, memory, sharing
 from tests.bench.agent import NODE, start_agent
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit
-from tests.bench.procs import Child, build_loadgen, cpu_seconds, port_from_log, spawn
+from tests.bench.procs import (
+    Child,
+    bench_header,
+    build_loadgen,
+    cpu_seconds,
+    port_from_log,
+    run_loadgen,
+    spawn,
+)
 
 __all__ = ["Settings", "main"]
 
@@ -458,19 +463,7 @@ async def session_rate(server: Server, loadgen: Path, total: int, concurrency: i
     if target.scheme == "wss":
         args += ["-ca", str(target.ca)]
     cpu0 = cpu_seconds(server.pid)
-    proc = await asyncio.create_subprocess_exec(
-        str(loadgen), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        async with asyncio.timeout(RATE_TIMEOUT):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"loadgen sessions failed: {err.decode()[-500:]}")
-    result = json.loads(out)
+    result = await run_loadgen([str(loadgen), *args], limit=RATE_TIMEOUT)
     server_cpu = cpu_seconds(server.pid) - cpu0
     ok = total - result["failed"]
     note = f" (first: {result['first_error'][:80]})" if result["failed"] else ""
@@ -505,21 +498,14 @@ async def rate_table(server: Server, settings: Settings) -> str:
 
 def header(argv: Sequence[str]) -> str:
     """What was run, where, with what."""
-    command = " ".join(["python -m tests.bench.bench_console", *map(shlex.quote, argv)])
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return "\n".join(
-        [
-            "## subres console benchmark",
-            "",
-            f"- rerun: `cd {Path(__file__).resolve().parents[2]} && {command}`",
-            f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
-            f"{platform.platform()}",
-            f"- Python {platform.python_version()}, aiohttp {version('aiohttp')}, "
-            f"websockets {version('websockets')}, {ssl.OPENSSL_VERSION}",
-            "- client: `websockets` asyncio client, compression off, TLS with an ECDSA "
-            "certificate; all traffic on 127.0.0.1",
-            "- the cores are shared with other work: treat numbers as noisy",
-        ]
+    return bench_header(
+        "subres console benchmark",
+        "tests.bench.bench_console",
+        argv,
+        f"aiohttp {version('aiohttp')}, websockets {version('websockets')}, {ssl.OPENSSL_VERSION}",
+        "client: `websockets` asyncio client, compression off, TLS with an ECDSA "
+        "certificate; all traffic on 127.0.0.1",
+        "the cores are shared with other work: treat numbers as noisy",
     )
 
 

@@ -56,6 +56,7 @@ from tests.bench.procs import (
     build_loadgen,
     live_children,
     port_from_log,
+    run_loadgen,
     spawn,
     spawn_program,
     tree_cpu_seconds,
@@ -509,25 +510,13 @@ class Bench:
             *("-timeout", f"{self.settings.timeout:.0f}s"),
             *args[1:],
         ]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        try:
-            async with asyncio.timeout(self.settings.timeout + 10):
-                out, err = await proc.communicate()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        if proc.returncode != 0:
-            raise RuntimeError(err.decode(errors="replace").strip()[-300:] or "loadgen failed")
+        result = await run_loadgen(argv, limit=self.settings.timeout + 10)
         if setup.forks:
             await self._children_gone(relay)
         else:
             # Let the relay finish its side of the close before reading its CPU.
             await asyncio.sleep(0.2)
         after = sample()
-        result = json.loads(out)
         return Transfer(
             seconds=result["seconds"],
             relay_cpu=after[0] - before[0],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import platform
 import re
@@ -33,6 +34,7 @@ __all__ = [
     "memory_kib",
     "port_from_log",
     "run_bench",
+    "run_loadgen",
     "serve_standalone",
     "spawn",
     "spawn_program",
@@ -220,6 +222,26 @@ def build_loadgen() -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+async def run_loadgen(argv: Sequence[str], *, limit: float) -> dict[str, Any]:
+    """Run `loadgen` (`argv` with its path first) to its end within `limit` seconds,
+    killed past it; the JSON it prints, or RuntimeError with the end of its stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(limit):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        reason = err.decode(errors="replace").strip()[-500:]
+        raise RuntimeError(f"loadgen {argv[1]} failed: {reason}")
+    result: dict[str, Any] = json.loads(out)
+    return result
 
 
 SERVER_START_TIMEOUT = 60.0
