@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-import h11
-
 from subres.backends.endpoint import Endpoint, Target
-from subres.backends.stream import BackendUnavailable, SocketStream
+from subres.backends.stream import BackendUnavailable
+from subres.engine import client
+from subres.engine.client import UpgradedStream
 from subres.protocol import relay
 
 __all__ = [
@@ -45,9 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-MAX_REFUSAL = 64 << 10
-"""Largest refusal body read from an agent."""
 
 
 class AgentUnavailable(BackendUnavailable):
@@ -160,9 +157,17 @@ class Agents:
             context = self.tls.context()
         except (OSError, ValueError) as exc:
             raise AgentUnavailable(f"cannot load the agent client certificate: {exc}") from None
-        loop = asyncio.get_running_loop()
+        transport = relay.Transport.DATAGRAM if datagram else relay.Transport.STREAM
+        headers = {
+            "Connection": "Upgrade",
+            "Upgrade": relay.UPGRADE,
+            "Content-Length": "0",
+            relay.ENDPOINT_HEADER: _wire_endpoint(target.endpoint, target.address),
+            relay.TRANSPORT_HEADER: transport.value,
+            **({relay.FOR_HEADER: purpose} if purpose else {}),
+        }
 
-        def protocol() -> RelayStream:
+        def stream() -> RelayStream:
             return RelayStream(
                 high_water=4 * read_size,
                 write_timeout=write_timeout,
@@ -170,30 +175,26 @@ class Agents:
                 datagram=datagram,
             )
 
-        stream: RelayStream | None = None
+        peer = client.Peer(
+            f"https://{host}:{port}{relay.PATH}", tls=context, server_hostname=self.tls.server_name
+        )
         try:
             async with asyncio.timeout(connect_timeout):
-                transport, stream = await loop.create_connection(
-                    protocol, host, port, ssl=context, server_hostname=self.tls.server_name
-                )
-                # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
-                transport.set_write_buffer_limits(high=4 * read_size)
-                await stream.handshake(target.endpoint, target.address, datagram, purpose)
+                conn = await client.upgrade(peer, method="POST", headers=headers, stream=stream)
         except TimeoutError:
-            await _discard(stream)
             raise AgentUnavailable(f"{where} did not answer within {connect_timeout:g}s") from None
-        except AgentRefused as exc:
-            await _discard(stream)
-            raise AgentRefused(f'subres agent of node "{node}": {exc}', exc.code) from None
-        except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
-            await _discard(stream)
+        except client.UpgradeRefused as exc:
+            refused = _refusal(exc.status, exc.body)
+            if isinstance(refused, AgentRefused):
+                raise AgentRefused(
+                    f'subres agent of node "{node}": {refused}', refused.code
+                ) from None
+            raise refused from None
+        except OSError as exc:
             raise AgentUnavailable(f"{where} is unreachable: {exc}") from None
-        return stream
-
-
-async def _discard(stream: RelayStream | None) -> None:
-    if stream is not None:
-        await stream.close()
+        # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
+        conn.set_write_high_water(4 * read_size)
+        return conn
 
 
 def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
@@ -203,96 +204,24 @@ def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
     return str(Endpoint(endpoint.scheme, host=address or endpoint.host, port=endpoint.port))
 
 
-class RelayStream(SocketStream):
+class RelayStream(UpgradedStream):
     """A `ByteStream` over one relay connection: frames inside mutual TLS.
 
-    Until the agent's answer, bytes go to an h11 client; after its 101 they are
-    frames, whose payloads take `SocketStream`'s queue and flow control.
+    After the agent's 101 (the upgrade client's part), bytes are frames,
+    whose payloads take `SocketStream`'s queue and flow control.
     """
 
-    __slots__ = ("_answer", "_body", "_decoder", "_failure", "_http", "_lost_reason", "_status")
+    __slots__ = ("_decoder", "_failure", "_lost_reason")
 
     def __init__(self, *, high_water: int, write_timeout: float, lost: str, datagram: bool) -> None:
-        super().__init__(high_water=high_water, write_timeout=write_timeout)
-        self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
-        self._answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # A refusal that arrives after the dial timed out is nobody's to raise: mark it seen.
-        self._answer.add_done_callback(_retrieve)
-        self._status = 0
-        self._body = bytearray()
+        super().__init__(high_water=high_water, write_timeout=write_timeout, peer="agent")
         self._decoder = relay.FrameDecoder(partial=not datagram)
         self._failure: str | None = None
         self._lost_reason = lost
 
-    async def handshake(
-        self, endpoint: Endpoint, address: str, datagram: bool, purpose: str
-    ) -> None:
-        """Ask for the endpoint; returns after the agent's 101, raises on its refusal."""
-        assert self._http is not None and self._transport is not None
-        transport = relay.Transport.DATAGRAM if datagram else relay.Transport.STREAM
-        headers = [
-            ("Host", "subres-agent"),
-            ("Connection", "Upgrade"),
-            ("Upgrade", relay.UPGRADE),
-            ("Content-Length", "0"),
-            (relay.ENDPOINT_HEADER, _wire_endpoint(endpoint, address)),
-            (relay.TRANSPORT_HEADER, transport.value),
-        ]
-        if purpose:
-            headers.append((relay.FOR_HEADER, purpose))
-        request = self._http.send(h11.Request(method="POST", target=relay.PATH, headers=headers))
-        end = self._http.send(h11.EndOfMessage())
-        self._transport.write((request or b"") + (end or b""))
-        await self._answer
-
-    def data_received(self, data: bytes) -> None:
-        """The agent's answer, then frames."""
-        if self._http is not None:
-            self._answer_received(data)
-        else:
-            self._frames_received(data)
-
-    def _answer_received(self, data: bytes) -> None:
-        http = self._http
-        assert http is not None
-        try:
-            http.receive_data(data)
-            while (event := http.next_event()) is not h11.NEED_DATA:
-                if self._answer_event(http, event):
-                    return
-        except h11.ProtocolError as exc:
-            self._settle(AgentUnavailable(f"the agent's answer is not HTTP: {exc}"))
-
-    def _answer_event(self, http: h11.Connection, event: object) -> bool:
-        """Handle one h11 event of the answer; True once the answer is complete."""
-        if isinstance(event, h11.InformationalResponse) and event.status_code == 101:
-            leftover, _ = http.trailing_data
-            self._http = None
-            self._settle(None)
-            if leftover:
-                self._frames_received(bytes(leftover))
-            return True
-        if isinstance(event, h11.Response):
-            self._status = event.status_code
-        elif isinstance(event, h11.Data):
-            self._body += event.data
-            if len(self._body) > MAX_REFUSAL:
-                self._settle(AgentUnavailable("the agent's refusal is too long"))
-                return True
-        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed | h11.PAUSED):
-            self._settle(_refusal(self._status, bytes(self._body)))
-            return True
-        return False
-
-    def _settle(self, outcome: Exception | None) -> None:
-        if self._answer.done():
-            return
-        if outcome is None:
-            self._answer.set_result(None)
-        else:
-            self._answer.set_exception(outcome)
-            if self._transport is not None:
-                self._transport.close()
+    def upgraded_data(self, data: bytes) -> None:
+        """Frames from the agent."""
+        self._frames_received(data)
 
     def _frames_received(self, data: bytes) -> None:
         try:
@@ -305,7 +234,7 @@ class RelayStream(SocketStream):
         for event in events:
             if isinstance(event, relay.DataReceived):
                 if event.data:
-                    super().data_received(event.data)
+                    super().upgraded_data(event.data)
             elif isinstance(event, relay.EofReceived):
                 super().eof_received()
             else:
@@ -318,10 +247,7 @@ class RelayStream(SocketStream):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Without an EOF or ERROR frame first, the relay was lost."""
-        if self._http is not None:
-            why = f": {exc}" if exc else ""
-            self._settle(AgentUnavailable(f"the agent closed the connection{why}"))
-        elif not self._eof and self._failure is None:
+        if self.upgraded and not self._eof and self._failure is None:
             self._failure = self._lost_reason + (f": {exc}" if exc else "")
         # After the agent's EOF frame the end is clean, whatever TLS said on closing.
         failure = self._failure
@@ -342,11 +268,6 @@ class RelayStream(SocketStream):
         """Tell the agent we are done sending; its backend sees EOF."""
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(relay.eof())
-
-
-def _retrieve(answer: asyncio.Future[None]) -> None:
-    if not answer.cancelled():
-        answer.exception()
 
 
 def _refusal(status: int, body: bytes) -> Exception:

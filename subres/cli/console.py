@@ -22,12 +22,12 @@ import signal
 import sys
 from typing import BinaryIO
 
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from subres.cli import api, kubeconfig, reconnect, terminal
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
+from subres.engine.wsclient import ClientWebSocket
 from subres.protocol import channels
 from subres.protocol.channels import ChannelData, Dialect
 
@@ -91,7 +91,7 @@ async def _console(
             _say(f"Reconnected to {target}.", interactive=interactive)
 
 
-def _dialect(ws: ClientConnection) -> Dialect:
+def _dialect(ws: ClientWebSocket) -> Dialect:
     dialect = channels.negotiate([ws.subprotocol or ""], SUBPROTOCOLS)
     if dialect is None:
         raise CommandError(f"the server agreed to none of {', '.join(SUBPROTOCOLS)}")
@@ -106,7 +106,7 @@ def _say(line: str, *, interactive: bool) -> None:
 
 async def _connect(
     config: ClientConfig, *, address: str, target: Target, retry_for: float
-) -> ClientConnection:
+) -> ClientWebSocket:
     """Open the WebSocket; retry 409 and 503 answers with backoff for `retry_for` seconds."""
 
     def worth_it(exc: CommandError) -> bool:
@@ -130,7 +130,7 @@ async def _connect(
 
 async def _reconnect(
     config: ClientConfig, *, address: str, target: Target, within: float
-) -> ClientConnection:
+) -> ClientWebSocket:
     """Open the WebSocket again, through a server restarting or another replica."""
     return await reconnect.retrying(
         lambda: _open(config, address=address, target=target),
@@ -139,7 +139,7 @@ async def _reconnect(
     )
 
 
-async def _open(config: ClientConfig, *, address: str, target: Target) -> ClientConnection:
+async def _open(config: ClientConfig, *, address: str, target: Target) -> ClientWebSocket:
     return await api.connect(
         config,
         address,
@@ -210,7 +210,7 @@ class _Session:
 
     def __init__(
         self,
-        ws: ClientConnection,
+        ws: ClientWebSocket,
         dialect: Dialect,
         *,
         fd: int,
@@ -348,5 +348,5 @@ class _Session:
         return str(status.get("message") or status.get("reason") or "the session failed")
 
 
-def _dropped(ws: ClientConnection) -> str | None:
+def _dropped(ws: ClientWebSocket) -> str | None:
     return reconnect.dropped(ws.close_code, ws.close_reason)

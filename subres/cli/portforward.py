@@ -37,7 +37,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from subres.cli import api, kubeconfig, reconnect, terminal
@@ -45,6 +44,7 @@ from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.commands import PortSpec
 from subres.cli.kubeconfig import ClientConfig
 from subres.cli.portforward_spdy import SpdyLink, SpdyTransport, TunnelTransport
+from subres.engine.wsclient import ClientWebSocket
 
 __all__ = [
     "TRANSPORTS",
@@ -182,7 +182,7 @@ class WebSocketLink:
     """
 
     def __init__(
-        self, ws: ClientConnection, *, on_drop: Callable[[str], None] | None = None
+        self, ws: ClientWebSocket, *, on_drop: Callable[[str], None] | None = None
     ) -> None:
         self._ws = ws
         self._closing: asyncio.Task[None] | None = None

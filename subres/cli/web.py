@@ -27,12 +27,12 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import quote, urlsplit
 
 from aiohttp import WSMsgType, web
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from subres.cli import api, kubeconfig, terminal
 from subres.cli.api import CommandError, ServerError
 from subres.cli.kubeconfig import ClientConfig
+from subres.engine.wsclient import ClientWebSocket
 from subres.web import page
 
 __all__ = ["build", "main", "same_origin"]
@@ -270,7 +270,7 @@ def _upstream_url(
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}{api_prefix}/namespaces/{path}{query}"
 
 
-async def _pump(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
+async def _pump(ws: web.WebSocketResponse, upstream: ClientWebSocket) -> None:
     """Copy both ways; the first side to end ends the other."""
     tasks = {asyncio.create_task(_down(ws, upstream)), asyncio.create_task(_up(ws, upstream))}
     try:
@@ -283,7 +283,7 @@ async def _pump(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
         await ws.close(code=code, message=(upstream.close_reason or "").encode()[:120])
 
 
-async def _up(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
+async def _up(ws: web.WebSocketResponse, upstream: ClientWebSocket) -> None:
     with contextlib.suppress(ConnectionClosed):
         async for message in ws:
             if message.type in (WSMsgType.BINARY, WSMsgType.TEXT):
@@ -292,7 +292,7 @@ async def _up(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
                 break
 
 
-async def _down(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
+async def _down(ws: web.WebSocketResponse, upstream: ClientWebSocket) -> None:
     with contextlib.suppress(ConnectionClosed, ConnectionResetError):
         async for message in upstream:
             if isinstance(message, bytes):
