@@ -44,6 +44,8 @@ from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.commands import PortSpec
 from subres.cli.kubeconfig import ClientConfig
 from subres.cli.portforward_spdy import SpdyLink, SpdyTransport, TunnelTransport
+from subres.engine.pump import Traffic, pump
+from subres.engine.stream import ByteStream
 from subres.engine.wsclient import ClientWebSocket
 
 __all__ = [
@@ -139,24 +141,12 @@ async def check(
     await ws.close()  # a server that took the probe has passed every check too
 
 
-class Link(Protocol):
-    """One forwarded connection (or UDP flow) as a transport carries it."""
+class Link(ByteStream, Protocol):
+    """One forwarded connection (or UDP flow) as a transport carries it.
 
-    async def send(self, data: bytes) -> None:
-        """Send a chunk (UDP: one datagram)."""
-        ...
-
-    async def receive(self) -> bytes | None:
-        """The next chunk (UDP: datagram); None once the remote side is done."""
-        ...
-
-    async def half_close(self) -> None:
-        """No more sends; replies keep arriving until the remote side ends."""
-        ...
-
-    async def close(self) -> None:
-        """End at once."""
-        ...
+    `read` returns b"" once the remote side is done (an empty datagram is
+    never delivered); `write_eof` half-closes: replies keep arriving.
+    """
 
 
 class Transport(Protocol):
@@ -188,20 +178,25 @@ class WebSocketLink:
         self._closing: asyncio.Task[None] | None = None
         self._on_drop = on_drop
 
-    async def send(self, data: bytes) -> None:
-        await self._ws.send(data)
-
-    async def receive(self) -> bytes | None:
+    async def write(self, data: bytes) -> None:
         try:
-            message = await self._ws.recv()
-        except ConnectionClosed:
-            self._ended()
-            return None
-        return message.encode() if isinstance(message, str) else message
+            await self._ws.send(data)
+        except ConnectionClosed as exc:
+            raise ConnectionResetError(f"the WebSocket closed: {exc}") from None
 
-    async def half_close(self) -> None:
+    async def read(self) -> bytes:
+        while True:
+            try:
+                message = await self._ws.recv()
+            except ConnectionClosed:
+                self._ended()
+                return b""
+            if message:
+                return message.encode() if isinstance(message, str) else message
+
+    async def write_eof(self) -> None:
         # The server answers our close frame only after the machine's side ended,
-        # so replies keep arriving meanwhile; receive() returns None after them.
+        # so replies keep arriving meanwhile; read() returns b"" after them.
         if self._closing is None:
             self._closing = asyncio.create_task(self._ws.close())
 
@@ -273,29 +268,55 @@ TRANSPORTS: dict[str, type[WebSocketTransport | SpdyTransport]] = {
 
 async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link) -> None:
     """Copy both ways: local EOF half-closes the link; the link's end ends the local side."""
-    up = asyncio.create_task(_up(reader, link))
     try:
-        while (data := await link.receive()) is not None:
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except OSError:
-        pass  # the local peer went away
+        await pump(_Local(reader, writer), link, Traffic(), grace=0)
     finally:
-        up.cancel()
-        await asyncio.wait([up])
         await link.close()
 
 
-async def _up(reader: asyncio.StreamReader, link: Link) -> None:
-    try:
-        while data := await reader.read(READ_SIZE):
-            await link.send(data)
-    except (OSError, ConnectionClosed):
-        await link.close()
-        return
-    await link.half_close()
+class _Local:
+    """A local connection (TCP, or stdin and stdout) as the pump's client."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._gone = False
+        self._half_closed = False
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
+    async def read(self) -> bytes:
+        try:
+            if data := await self._reader.read(READ_SIZE):
+                return data
+            if not self._half_closed:
+                self._half_closed = True
+                return b""
+            # Nothing tells when a half-closed local peer goes: the pump stops
+            # this read once the link ends or a write to the peer fails.
+            await asyncio.get_running_loop().create_future()
+        except OSError:
+            pass  # the local peer went away
+        self._gone = True
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def write_eof(self) -> None:
+        if self._writer.can_write_eof() and not self._writer.is_closing():
+            with contextlib.suppress(OSError):
+                self._writer.write_eof()
+
+    async def abort(self, reason: str) -> None:
+        self._gone = True
+        self._writer.close()
+
+    async def close(self) -> None:
+        self._writer.close()
 
 
 async def _listen(
@@ -444,7 +465,7 @@ class _UdpFlow:
             return
         sender = asyncio.create_task(self._send(link))
         try:
-            while (datagram := await link.receive()) is not None:
+            while datagram := await link.read():
                 self._relay.reply(datagram, self._addr)
         finally:
             sender.cancel()
@@ -452,9 +473,9 @@ class _UdpFlow:
             await link.close()
 
     async def _send(self, link: Link) -> None:
-        with contextlib.suppress(ConnectionClosed):
+        with contextlib.suppress(OSError):
             while True:
-                await link.send(await self.queue.get())
+                await link.write(await self.queue.get())
 
 
 class _UdpRelay(asyncio.DatagramProtocol):

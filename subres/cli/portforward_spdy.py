@@ -48,20 +48,20 @@ class SpdyLink:
         self._data = data
         self._complaint = asyncio.create_task(_complaint(error, data))
 
-    async def send(self, data: bytes) -> None:
+    async def write(self, data: bytes) -> None:
         await self._data.write(data)
 
-    async def receive(self) -> bytes | None:
-        """The next chunk; None at the end; `CommandError` with the server's complaint."""
+    async def read(self) -> bytes:
+        """The next chunk; b"" at the end; `CommandError` with the server's complaint."""
         if chunk := await self._data.read():
             return chunk
         # The server writes its complaint before it ends the pair.
         done, _ = await asyncio.wait([self._complaint], timeout=COMPLAINT_WAIT)
         if done and (message := self._complaint.result()):
             raise CommandError(message)
-        return None
+        return b""
 
-    async def half_close(self) -> None:
+    async def write_eof(self) -> None:
         await self._data.write_eof()
 
     async def close(self) -> None:
