@@ -49,7 +49,7 @@ async def opened(client: SpdySession, server: SpdySession) -> tuple[SpdyStream, 
 async def test_state_follows_both_half_closes() -> None:
     async with pair() as (client, server):
         ours, theirs = await opened(client, server)
-        assert ours.state is theirs.state is StreamState.OPEN
+        assert {ours.state, theirs.state} == {StreamState.OPEN}
         await ours.write(b"hello")
         await ours.write_eof()
         assert ours.state is StreamState.HALF_CLOSED_LOCAL
