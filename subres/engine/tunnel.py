@@ -2,24 +2,20 @@
 
 kubectl 1.31 and later send port-forward's SPDY byte stream in binary
 WebSocket messages (`SPDY/3.1+portforward.k8s.io`). `WebSocketCarrier` turns
-any `Messages` (the server's aiohttp WebSocket through `ServerMessages`, the
-CLI's `ClientWebSocket` as it is) into the byte carrier `subres.engine.spdy`
-runs over. Message boundaries mean nothing; a close (or anything but binary)
-is the end.
+any `Messages` (the server's aiohttp WebSocket through
+`subres.engine.websocket.ServerMessages`, the CLI's `ClientWebSocket` as it
+is) into the byte carrier `subres.engine.spdy` runs over. Message boundaries
+mean nothing; a close (or anything but binary) is the end.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Protocol
 
-from aiohttp import WSMsgType, web
-
-from subres.engine import internals, upgrade
 from subres.engine.spdy import WRITE_CHUNK
-from subres.engine.websocket import CloseCode
+from subres.engine.stream import linger
 
-__all__ = ["Messages", "ServerMessages", "WebSocketCarrier"]
+__all__ = ["Messages", "WebSocketCarrier"]
 
 
 class Messages(Protocol):
@@ -40,29 +36,6 @@ class Messages(Protocol):
     async def close_normally(self) -> None:
         """Close with 1000; a peer already gone is fine."""
         ...
-
-
-class ServerMessages:
-    """`Messages` over the server's aiohttp `WebSocketResponse`."""
-
-    def __init__(self, ws: web.WebSocketResponse) -> None:
-        self.ws = ws
-
-    async def next_binary(self) -> bytes | None:
-        if self.ws.closed:
-            return None
-        msg = await self.ws.receive()
-        return bytes(msg.data) if msg.type is WSMsgType.BINARY else None
-
-    def binary_ready(self) -> bool:
-        return internals.binary_queued(self.ws)
-
-    async def send_binary(self, data: bytes) -> None:
-        await self.ws.send_bytes(data)
-
-    async def close_normally(self) -> None:
-        with contextlib.suppress(OSError, RuntimeError):
-            await self.ws.close(code=CloseCode.NORMAL)
 
 
 class WebSocketCarrier:
@@ -106,5 +79,5 @@ class WebSocketCarrier:
     async def close(self) -> None:
         """Close with 1000; when lingering, after the peer closed (within `CLOSE_LINGER`)."""
         if self._linger:
-            await upgrade.linger(self.read)
+            await linger(self.read)
         await self.messages.close_normally()

@@ -22,7 +22,8 @@ from aiohttp import web
 from subres.engine import upgrade
 from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
-from subres.engine.tunnel import ServerMessages, WebSocketCarrier
+from subres.engine.tunnel import WebSocketCarrier
+from subres.engine.websocket import ServerMessages
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
