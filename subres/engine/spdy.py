@@ -111,6 +111,9 @@ class SpdyStream:
         self._changed = asyncio.Event()
         self._eof_read = False
         """`read` has returned the b"" of the peer's FIN (not codec state: ours)."""
+        self.peer_replied = False
+        """The peer's SYN_REPLY arrived: history, which the codec forgets with the stream
+        (a reply and a reset can come in one read, before anyone waited)."""
 
     def __repr__(self) -> str:
         return f"<SpdyStream {self.stream_id} {dict(self.headers)}>"
@@ -150,7 +153,7 @@ class SpdyStream:
 
     async def wait_replied(self) -> None:
         """Wait for the peer's SYN_REPLY; ConnectionResetError when it refused the stream."""
-        while not self.session._conn.replied(self.stream_id):
+        while not self.peer_replied:
             if self.gone:
                 raise ConnectionResetError(f"the peer refused stream {self.stream_id}")
             await self._wait()
@@ -426,7 +429,10 @@ class SpdySession:
         match event:
             case StreamOpened(stream_id=sid, headers=headers):
                 self._opened_by_peer(sid, headers)
-            case StreamReplied(stream_id=sid) | StreamEnded(stream_id=sid) if sid in self._streams:
+            case StreamReplied(stream_id=sid) if sid in self._streams:
+                self._streams[sid].peer_replied = True
+                self._streams[sid]._changed.set()
+            case StreamEnded(stream_id=sid) if sid in self._streams:
                 self._streams[sid]._changed.set()
             case DataReceived(stream_id=sid, data=data) if sid in self._streams:
                 stream = self._streams[sid]

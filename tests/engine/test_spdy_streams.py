@@ -82,3 +82,15 @@ async def test_a_usage_error_raises() -> None:
         _, theirs = await opened(client, server)
         with pytest.raises(UsageError):
             theirs.reply()  # a second SYN_REPLY is our bug, not the peer's
+
+
+async def test_a_reply_that_came_with_a_reset_still_counts() -> None:
+    async with pair() as (client, server):
+        ours = client.open_stream({"streamtype": "error"})
+        theirs = await server.accept()
+        assert theirs is not None
+        theirs.reply()
+        theirs.reset()  # both frames leave in one write, and arrive in one read
+        assert await ours.read() == b""
+        assert ours.gone
+        await ours.wait_replied()  # the stream was accepted, then ended: no refusal

@@ -123,11 +123,6 @@ class SpdyConnection:
         """The state of a stream; ids never used are IDLE, forgotten ones CLOSED."""
         return self._streams.state_of(stream_id)
 
-    def replied(self, stream_id: int) -> bool:
-        """A live stream's SYN_REPLY went the right way (received for ours, sent for the peer's)."""
-        stream = self._streams.get(stream_id)
-        return stream is not None and stream.replied
-
     def data_to_send(self, max_bytes: int | None = None) -> bytes:
         """Take up to `max_bytes` (all by default) of the queued output."""
         limit = self._out_size if max_bytes is None else min(max_bytes, self._out_size)
