@@ -123,9 +123,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running(argv: Sequence[str], *, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+def running(
+    argv: Sequence[str], *, env: dict[str, str], cwd: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """`argv` with stdout and stderr piped; stopped, and its pipes closed, afterwards."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     try:
         yield proc
     finally:
