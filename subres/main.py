@@ -159,7 +159,11 @@ def _configure_logging(ns: argparse.Namespace) -> None:
     if ns.verb in ("serve", "demo", "agent"):
         from subres.server import logs
 
-        logs.configure(level=min(level, logging.INFO), logging_format=ns.logging_format)
+        logs.configure(
+            level=min(level, logging.INFO),
+            logging_format=ns.logging_format,
+            third_party=ns.verbose > 0,
+        )
         return
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
