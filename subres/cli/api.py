@@ -60,18 +60,24 @@ STREAMS = frozenset({"console", "vnc", "screenshot", "portforward"})
 T = TypeVar("T")
 OPEN_TIMEOUT = 30.0
 MAX_DISCOVERY = 4 << 20
+PROBE = "probe.subres.dev"
+"""Offered alone, it makes an upgrade a dry run (see `dry_run`)."""
 UNREACHABLE_HINT = "is the server running? check --kubeconfig/--context"
 NO_SUCH_PATH = ("404 page not found", "the server could not find the requested resource")
 """How kube-apiserver (plain text) and Kubernetes clients word a path nobody serves."""
 APISERVICE_HINT = (
     "hint: is subres installed here, its APIService Available? (kubectl get apiservices)"
 )
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"(?: .*)?')
+"""A `Warning` header value: code, agent, quoted text, an optional date."""
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A namespace name (DNS-1123 label)."""
 
 
 class CommandError(Exception):
-    """Ends a verb: printed as `error: …`, exit code 1."""
+    """Ends a verb: printed as `error: …`, exit code 1 (or `exit_code`)."""
+
+    exit_code = 1
 
     def line(self) -> str:
         """What the user reads on stderr."""
@@ -110,6 +116,7 @@ def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             print(f"error: {exc}", file=sys.stderr, flush=True)
         except CommandError as exc:
             print(exc.line(), file=sys.stderr, flush=True)
+            return exc.exit_code
         return 1
 
     main.__doc__ = run.__doc__
@@ -360,9 +367,38 @@ async def connect(
             raise refusal(exc.response.status_code, exc.response.body, target=target) from None
 
     try:
-        return await authorized(config, attempt)
+        ws = await authorized(config, attempt)
     except (OSError, TimeoutError, WebSocketException) as exc:
         raise unreachable(config, exc) from None
+    say_warnings(ws.response.headers.get_all("Warning") if ws.response else [])
+    return ws
+
+
+async def dry_run(config: ClientConfig, url: str, *, target: Target) -> None:
+    """Raise what opening the WebSocket at `url` would run into, without opening it.
+
+    Offered only `probe.subres.dev`, the server runs every check it would
+    before dialing and answers the first failing one's Status, or 200 when
+    all passed; older servers answer 400 about the subprotocol then. Nothing
+    is dialed and no session is taken either way.
+    """
+    try:
+        ws = await connect(
+            config, url, target=target, subprotocols=[PROBE], max_size=1 << 16, close_timeout=5
+        )
+    except ServerError as exc:
+        if exc.code == 200 or (exc.code == 400 and "subprotocol" in exc.message):
+            return
+        raise
+    await ws.close()  # a server that took the probe has passed every check too
+
+
+def say_warnings(values: Sequence[str]) -> None:
+    """Print the server's `Warning` headers as kubectl does (`Warning: text`)."""
+    for value in values:
+        match = _WARNING.fullmatch(value.strip())
+        text = re.sub(r"\\(.)", r"\1", match.group(1)) if match else value.strip()
+        print(f"Warning: {text}", file=sys.stderr, flush=True)
 
 
 def refusal(

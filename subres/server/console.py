@@ -13,6 +13,7 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 
 from subres.backends.stream import ByteStream
+from subres.kube import status
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
 from subres.server import remotecommand, session, sharing, streaming, subresource
@@ -30,6 +31,10 @@ SUBPROTOCOLS = (
     "base64.channel.k8s.io",
 )
 """Raw framing (no subprotocol or KubeVirt's) and the Kubernetes channel protocols."""
+_NOTHING_TO_TAIL = (
+    "the console of {} is not kept, so it has no scrollback: tail is ignored "
+    "(a console is kept when its parent opts in, e.g. subres.dev/keep-console)"
+)
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
@@ -63,6 +68,9 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
             mode=mode,
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
+    if tail is not None and not sharing.keeps_scrollback(state, target):
+        # Said, not refused: the session is what was asked for, less a replay.
+        ws.headers.add(hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
     backend = await _backend(state, target, url, mode=mode, tail=tail)
     return await streaming.serve(
         state,
