@@ -4,19 +4,35 @@ Checked before anything is dialed, so a malformed upgrade costs no backend
 connection and gets a Status. aiohttp's own check lets HTTP/1.0 requests and
 WebSocket versions 7 and 8 through; RFC 6455 wants HTTP/1.1 or later and
 version 13 (anything else is 426 with the version we speak).
+
+A well-formed upgrade that offers only `probe.subres.dev` is a dry run: the
+handler checks everything it would before dialing and answers 200 with a
+Success Status instead of upgrading, so a client can fail fast (a stopped
+machine, a port not allowed) without taking a session or counting an error.
 """
 
 from __future__ import annotations
 
 from aiohttp import hdrs, web
 
+from subres.kube import status
 from subres.kube.status import StatusError
 from subres.server.state import State
 
-__all__ = ["VERSION", "check", "offered_subprotocols", "websocket_response"]
+__all__ = [
+    "PROBE",
+    "VERSION",
+    "check",
+    "dry_run",
+    "dry_run_passed",
+    "offered_subprotocols",
+    "websocket_response",
+]
 
 VERSION = "13"
 """The only WebSocket version RFC 6455 defines."""
+PROBE = "probe.subres.dev"
+"""The subprotocol that, offered alone, makes an upgrade a dry run."""
 
 
 def offered_subprotocols(request: web.Request) -> list[str]:
@@ -49,6 +65,19 @@ def websocket_response(
     if not ws.can_prepare(request).ok:
         raise StatusError(400, f"malformed WebSocket upgrade request for {what}")
     return ws
+
+
+def dry_run(request: web.Request, *, what: str) -> bool:
+    """True for a well-formed upgrade offering only `PROBE` (a Status if malformed)."""
+    if offered_subprotocols(request) != [PROBE]:
+        return False
+    check(request, what=what)
+    return True
+
+
+def dry_run_passed() -> web.Response:
+    """The answer to a dry run whose every check passed."""
+    return web.json_response(status.success())
 
 
 def check(request: web.Request, *, what: str) -> None:
