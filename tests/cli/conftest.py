@@ -138,14 +138,14 @@ def running(
 
 
 @contextlib.contextmanager
-def running_demo(*args: str, shell: str = "/bin/sh") -> Iterator[Demo]:
-    """`subres demo ARGS` on a free port with `shell` as the machine's console."""
+def running_demo(*args: str, shell: str = "/bin/sh", before: Sequence[str] = ()) -> Iterator[Demo]:
+    """`subres BEFORE demo ARGS` on a free port with `shell` as the machine's console."""
     with tempfile.TemporaryDirectory(prefix="subres-demo-") as tmp:
         state = Path(tmp)
         env = {**cli_env(state), "SHELL": shell}
         with (state / "server.log").open("wb") as log:
             proc = subprocess.Popen(
-                cli("demo", "--state-dir", state, "--port", "0", *args),
+                cli(*before, "demo", "--state-dir", state, "--port", "0", *args),
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=env,
@@ -153,7 +153,7 @@ def running_demo(*args: str, shell: str = "/bin/sh") -> Iterator[Demo]:
         try:
             match = read_until(
                 proc,
-                rb"(?s)serving on (https://127\.0\.0\.1:\d+).*Try:.*/stopped/console\n",
+                rb"(?s)serving on (https://127\.0\.0\.1:\d+).*Try:\n.*meant to fail[^\n]*\n",
                 timeout=START_TIMEOUT,
             )
             yield Demo(match.group(1).decode(), state / "kubeconfig", state, match[0].decode())
