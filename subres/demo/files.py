@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from subres.demo.sshd import SshShellServer
-from subres.server import certs
+from subres.serving import certs
 
 __all__ = [
     "ADDRESS",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subres.backends import agent
-from subres.server import certs, connections
+from subres.serving import certs, connections
 
 __all__ = [
     "LOOPBACK",

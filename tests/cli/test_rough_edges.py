@@ -79,7 +79,7 @@ def test_replay_help_offers_no_cluster_flags(workdir: Path) -> None:
 
 
 def test_tail_on_a_console_that_is_not_kept_says_so(demo: Demo, workdir: Path) -> None:
-    args = ["--kubeconfig", demo.kubeconfig, "console", "demo", "--tail", "5"]
+    args: list[str | Path] = ["--kubeconfig", demo.kubeconfig, "console", "demo", "--tail", "5"]
     done = run_cli(args, home=workdir, stdin=b"exit\n")
     assert done.returncode == 0, done.stderr
     assert done.stderr.decode().startswith(
@@ -90,7 +90,7 @@ def test_tail_on_a_console_that_is_not_kept_says_so(demo: Demo, workdir: Path) -
 
 def test_the_remote_exit_status_is_the_exit_code(demo: Demo, workdir: Path) -> None:
     """As `kubectl exec`: a shell that exits 3 makes `subres console` exit 3."""
-    args = ["--kubeconfig", demo.kubeconfig, "console", "demo"]
+    args: list[str | Path] = ["--kubeconfig", demo.kubeconfig, "console", "demo"]
     done = run_cli(args, home=workdir, stdin=b"exit 3\n")
     assert done.returncode == 3, done.stderr
     assert b"exit code 3" in done.stderr

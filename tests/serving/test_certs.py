@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from subres.server import certs
+from subres.serving import certs
 
 SERVICE_HOST = "subres.subres-system.svc"
 

@@ -16,7 +16,7 @@ subres needs four things no public API offers:
 On import, `check` verifies the shape each relies on and raises
 `InternalsChanged` naming what moved, so a changed dependency stops the
 server at start instead of failing on a live session;
-`tests/streams/test_internals.py` drives every one against the real objects.
+`tests/engine/test_internals.py` drives every one against the real objects.
 `pyproject.toml` bounds the versions this was written for (`TESTED`).
 """
 

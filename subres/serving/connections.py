@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import resource
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-__all__ = ["Guard", "GuardedSite", "Limits"]
+__all__ = ["Guard", "GuardedSite", "Limits", "raise_open_files_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -279,3 +280,10 @@ class GuardedSite(web.BaseSite):
             backlog=self._backlog,
             ssl_handshake_timeout=self._guard.limits.tls_handshake_timeout,
         )
+
+
+def raise_open_files_limit() -> None:
+    """Let each session's two sockets count against the hard limit, not the soft 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
+from subres.engine.websocket import CloseCode
 from subres.protocol.rfbguard import ViewerGuard, ViewerRefused
-from subres.streams.hub import Closer
-from subres.streams.websocket import CloseCode
+from subres.sessions.hub import Closer
 
 __all__ = ["GuardedDisplay"]
 

@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
-from subres.server import certs, tls
+from subres.serving import certs, tls
 
 SERVICE_HOST = "subres.subres-system.svc"
 TIMEOUT = 5.0

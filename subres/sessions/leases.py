@@ -47,7 +47,7 @@ from subres.kube import client
 from subres.kube.client import ApiError
 from subres.kube.informer import Informer, InformerSettings
 from subres.kube.status import StatusError
-from subres.streams.sessions import Busy, Claim, SessionKey
+from subres.sessions.registry import Busy, Claim, SessionKey
 
 __all__ = ["LABELS", "USER_ANNOTATION", "LeaseSettings", "SessionLeases", "lease_name"]
 

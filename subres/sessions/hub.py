@@ -25,10 +25,10 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
+from subres.engine.websocket import CloseCode
 from subres.protocol.channels import TerminalSize
-from subres.streams.scrollback import Scrollback
-from subres.streams.websocket import CloseCode
+from subres.sessions.scrollback import Scrollback
 
 __all__ = [
     "FEED_LIMIT",

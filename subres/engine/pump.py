@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
 
 __all__ = ["END_GRACE", "ClientStream", "Ending", "Outcome", "Traffic", "pump"]
 

@@ -19,8 +19,8 @@ import pytest
 from aiohttp.web_protocol import RequestHandler
 from websockets.asyncio.client import connect
 
-from subres.server.connections import Limits
 from subres.server.options import Options, add_arguments
+from subres.serving.connections import Limits
 from tests import stuck_clients as stuck
 from tests.support import Backend, Standalone, machine, open_fds, start_standalone, wait_for
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from subres.kube import client
-from subres.server.metrics import Metrics
-from subres.server.units import human_age, human_bytes, rfc3339
+from subres.serving.metrics import Metrics
+from subres.serving.units import human_age, human_bytes, rfc3339
 
 __all__ = ["EventApi", "EventSettings", "Events", "KubeEvents", "NoEvents", "closed", "opened"]
 

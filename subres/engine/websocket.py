@@ -13,11 +13,11 @@ import logging
 
 from aiohttp import WSMsgType, web
 
-from subres.backends.stream import Terminal
+from subres.engine import internals
+from subres.engine.stream import Terminal
 from subres.kube.status import exited
 from subres.protocol import channels
 from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Framing
-from subres.streams import internals
 
 __all__ = [
     "BATCH",

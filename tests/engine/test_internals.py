@@ -1,4 +1,4 @@
-"""The private internals subres relies on (`subres.streams.internals`), against the real objects.
+"""The private internals subres relies on (`subres.engine.internals`), against the real objects.
 
 A dependency that changes one of them fails here, loudly, instead of silently
 losing a feature (batching, the shared TLS buffer) or breaking SPDY upgrades.
@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from subres.streams import internals
-from subres.streams.websocket import take_queued
+from subres.engine import internals
+from subres.engine.websocket import take_queued
 from tests.support import wait_for
 
 
@@ -24,7 +24,7 @@ def test_installed_versions_are_the_ones_checked() -> None:
     internals.check()
     low, high = internals.TESTED["aiohttp"]
     version = tuple(int(p) for p in aiohttp.__version__.split(".")[:2])
-    assert low <= version < high, f"re-check subres.streams.internals for aiohttp {version}"
+    assert low <= version < high, f"re-check subres.engine.internals for aiohttp {version}"
 
 
 def test_a_missing_internal_stops_the_import(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from subres.kube import client
 from subres.kube.informer import InformerSettings
 from subres.kube.status import StatusError
-from subres.streams.leases import LABELS, USER_ANNOTATION, LeaseSettings, SessionLeases, lease_name
-from subres.streams.sessions import Busy, SessionKey, Sessions
+from subres.sessions.leases import LABELS, USER_ANNOTATION, LeaseSettings, SessionLeases, lease_name
+from subres.sessions.registry import Busy, SessionKey, Sessions
 from tests.fakeapi import FakeApiServer, start_fake
 from tests.support import wait_for
 

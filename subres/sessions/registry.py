@@ -15,7 +15,7 @@ Observers are live sessions without a slot: they read a console's `Hub`,
 which outlives any one writer (`hubs`, made on demand, forgotten when idle).
 
 Standalone, the slots are this table alone. In cluster mode a `Shared` lock
-(session Leases, `subres.streams.leases`) makes them hold across replicas:
+(session Leases, `subres.sessions.leases`) makes them hold across replicas:
 `claim` first writes the Lease, and the lock calls `taken_over` when another
 replica's session took a slot this one held.
 """
@@ -29,8 +29,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from subres.streams.hub import Hub
-from subres.streams.websocket import CloseCode
+from subres.engine.websocket import CloseCode
+from subres.sessions.hub import Hub
 
 __all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions", "Shared"]
 

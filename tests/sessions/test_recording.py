@@ -7,7 +7,7 @@ from pathlib import Path
 
 from subres.protocol import asciicast
 from subres.protocol.channels import TerminalSize
-from subres.streams.recording import Recorder
+from subres.sessions.recorder import Recorder
 
 
 class Clock:

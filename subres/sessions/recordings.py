@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from subres.config import ConsolesSpec, SubresourceSpec
-from subres.streams.hub import Hub
-from subres.streams.recording import Recorder
+from subres.sessions.hub import Hub
+from subres.sessions.recorder import Recorder
 
 __all__ = ["BANNER", "FILE_NAME", "Recordings"]
 

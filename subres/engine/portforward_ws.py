@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 from aiohttp import WSMsgType, web
 
+from subres.engine.websocket import CloseCode, WebSocketEnd, close_websocket, take_queued
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
 from subres.protocol.channels import Dialect
-from subres.streams.websocket import CloseCode, WebSocketEnd, close_websocket, take_queued
 
 __all__ = ["HALF_CLOSE_LINGER", "PORT_LINGER", "ChannelMux", "PortChannel", "RawWebSocket"]
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from subres.server.logs import JsonFormatter
+from subres.serving.logs import JsonFormatter
 from tests.cli.conftest import Demo, run_cli, running_demo
 from tests.support import wait_for
 

@@ -11,9 +11,9 @@ import contextlib
 
 from aiohttp import WSMsgType, web
 
+from subres.engine import internals, upgrade
 from subres.engine.spdy import WRITE_CHUNK
-from subres.streams import internals, upgrade
-from subres.streams.websocket import CloseCode
+from subres.engine.websocket import CloseCode
 
 __all__ = ["WebSocketCarrier"]
 

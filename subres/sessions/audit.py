@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from subres.server.units import rfc3339
+from subres.serving.units import rfc3339
 
 __all__ = ["MAX_PENDING", "SessionAudit", "open_log"]
 

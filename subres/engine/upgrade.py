@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 
-from subres.streams import internals
+from subres.engine import internals
 
 __all__ = ["CLOSE_LINGER", "READ_HIGH_WATER", "UpgradedSocket", "linger", "upgrade"]
 

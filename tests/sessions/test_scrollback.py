@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subres.streams.scrollback import Scrollback
+from subres.sessions.scrollback import Scrollback
 
 
 @given(st.lists(st.binary(max_size=300), max_size=60), st.integers(min_value=1, max_value=512))

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from subres.streams.pump import Traffic
+from subres.engine.pump import Traffic
 
 __all__ = ["SUBRESOURCES", "CacheStats", "Metrics", "request_kind"]
 

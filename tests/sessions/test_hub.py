@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from subres.streams.hub import OBSERVER_DELAY, Feed, Hub
-from subres.streams.scrollback import Scrollback
+from subres.sessions.hub import OBSERVER_DELAY, Feed, Hub
+from subres.sessions.scrollback import Scrollback
 
 
 def make_hub(*, limit: int = 10, scrollback: Scrollback | None = None) -> tuple[Hub, list[Hub]]:
