@@ -16,7 +16,15 @@ from pathlib import Path
 import pexpect  # type: ignore[import-untyped]
 import pytest
 
-from tests.cli.conftest import CLI_TIMEOUT, Demo, cli, cli_env, read_until, running_demo
+from tests.cli.conftest import (
+    CLI_TIMEOUT,
+    Demo,
+    cli,
+    cli_env,
+    read_until,
+    run_cli,
+    running_demo,
+)
 
 QUESTION = rb"In use by demo since \d\d:\d\d \xe2\x80\x94 take over\? \[y/N/o\(bserve\)\] "
 
@@ -63,6 +71,11 @@ def writer(demo: Demo, workdir: Path) -> Iterator[Writer]:
         yield held
     finally:
         held.close()
+
+
+def take_over(demo: Demo, home: Path) -> subprocess.CompletedProcess[bytes]:
+    """A script's console session: it takes over, unasked, and exits."""
+    return run_cli(["--kubeconfig", demo.kubeconfig, "console", "demo"], home=home, stdin=b"exit\n")
 
 
 def interactive(demo: Demo, home: Path, *flags: str) -> pexpect.spawn:
@@ -130,14 +143,7 @@ def test_force_and_scripts_are_never_asked(demo: Demo, workdir: Path, writer: Wr
     # A script takes over as it always did: stdin is not a terminal, nobody to ask.
     second = Writer(demo, workdir)
     try:
-        piped = subprocess.run(
-            cli("--kubeconfig", demo.kubeconfig, "console", "demo"),
-            input=b"exit\n",
-            capture_output=True,
-            env=cli_env(workdir),
-            timeout=CLI_TIMEOUT,
-            check=False,
-        )
+        piped = take_over(demo, workdir)
         assert piped.returncode == 0, piped.stderr
         assert b"take over?" not in piped.stderr
         assert second.proc.wait(CLI_TIMEOUT) == 1
@@ -149,14 +155,7 @@ def test_the_taken_over_writer_reads_why_on_a_line_of_its_own(demo: Demo, workdi
     child = interactive(demo, workdir, "--force")
     try:
         child.expect_exact(b"demo$ ")  # the shell's prompt: the cursor stays after it
-        taker = subprocess.run(
-            cli("--kubeconfig", demo.kubeconfig, "console", "demo"),
-            input=b"exit\n",
-            capture_output=True,
-            env=cli_env(workdir),
-            timeout=CLI_TIMEOUT,
-            check=False,
-        )
+        taker = take_over(demo, workdir)
         assert taker.returncode == 0, taker.stderr
         child.expect(pexpect.EOF)
         seen = child.before
