@@ -60,8 +60,7 @@ STREAMS = frozenset({"console", "vnc", "screenshot", "portforward"})
 T = TypeVar("T")
 OPEN_TIMEOUT = 30.0
 MAX_DISCOVERY = 4 << 20
-PROBE = "probe.subres.dev"
-"""Offered alone, it makes an upgrade a dry run (see `dry_run`)."""
+MAX_DRY_RUN = 1 << 16
 UNREACHABLE_HINT = "is the server running? check --kubeconfig/--context"
 NO_SUCH_PATH = ("404 page not found", "the server could not find the requested resource")
 """How kube-apiserver (plain text) and Kubernetes clients word a path nobody serves."""
@@ -375,22 +374,20 @@ async def connect(
 
 
 async def dry_run(config: ClientConfig, url: str, *, target: Target) -> None:
-    """Raise what opening the WebSocket at `url` would run into, without opening it.
+    """Raise what opening the stream at `url` (http or https) would run into, without it.
 
-    Offered only `probe.subres.dev`, the server runs every check it would
+    A plain GET with `dryRun=All`: the server runs every check it would
     before dialing and answers the first failing one's Status, or 200 when
-    all passed; older servers answer 400 about the subprotocol then. Nothing
-    is dialed and no session is taken either way.
+    all passed (servers that predate it: a 400 saying an upgrade was needed,
+    which they say only once every check passed). Nothing is dialed and no
+    session is taken either way.
     """
+    query = "&" if "?" in url else "?"
     try:
-        ws = await connect(
-            config, url, target=target, subprotocols=[PROBE], max_size=1 << 16, close_timeout=5
-        )
+        await get(config, f"{url}{query}dryRun=All", max_body=MAX_DRY_RUN, target=target)
     except ServerError as exc:
-        if exc.code == 200 or (exc.code == 400 and "subprotocol" in exc.message):
-            return
-        raise
-    await ws.close()  # a server that took the probe has passed every check too
+        if exc.code != 400 or "needs a WebSocket upgrade" not in exc.message:
+            raise
 
 
 def say_warnings(values: Sequence[str]) -> None:

@@ -120,8 +120,8 @@ async def check(
     the ports it allows, the endpoint policy (`api.dry_run`).
     """
     remote = ",".join(str(port) for port in dict.fromkeys(spec.remote for spec in ports))
-    url = f"{api.object_url(config, target, group_version=group_version)}/portforward"
-    await api.dry_run(config, f"{url}?ports={remote}", target=target)
+    url = api.object_url(config, target, group_version=group_version, websocket=False)
+    await api.dry_run(config, f"{url}/portforward?ports={remote}", target=target)
 
 
 class Link(Protocol):

@@ -3,7 +3,7 @@
 Owns the verb's flags, the local TCP listener (127.0.0.1 by default) whose
 connections are relayed to the `vnc` subresource, `--proxy-only` (prints
 `{"port": N}` and relays until interrupted), and finding and starting a
-viewer. Before listening, a dry run of the upgrade (`api.dry_run`) makes a
+viewer. Before listening, a dry run (`api.dry_run`) makes a
 refusal (machine stopped, no display) an error at once rather than a viewer
 that cannot connect, without taking the display from whoever views it. Each
 local connection then opens its own WebSocket when it arrives, so a viewer
@@ -70,6 +70,8 @@ async def _vnc(
     )
     base = api.object_url(config, target, group_version=group_version)
     sub = "vnc-observe" if ns.view_only else "vnc"
+    checked = api.object_url(config, target, group_version=group_version, websocket=False)
+    await api.dry_run(config, f"{checked}/{sub}", target=target)
     return await _Relay(config, f"{base}/{sub}", target).run(ns.address, ns.port, viewer)
 
 
@@ -84,7 +86,6 @@ class _Relay:
         self._stop = asyncio.Event()
 
     async def run(self, address: str, port: int, viewer: list[str] | None) -> int:
-        await api.dry_run(self._config, self._url, target=self._target)
         try:
             server = await asyncio.start_server(self._serve, address, port)
         except OSError as exc:

@@ -16,7 +16,7 @@ from subres.engine.stream import ByteStream
 from subres.kube import status
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
-from subres.server import remotecommand, session, sharing, streaming, subresource
+from subres.server import handshake, remotecommand, session, sharing, streaming, subresource
 from subres.server.state import State
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
@@ -52,6 +52,10 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     url = subresource.endpoint_url(target)
     tail = _tail(request)
     writer = mode == session.WRITER
+    if handshake.dry_run(request):  # what the page asks when a browser hid a refusal
+        if writer:
+            await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     # The two dialects' upgrades take different arguments: two calls that look alike.
     if httpstream.is_spdy_upgrade(
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])

@@ -5,10 +5,12 @@ connection and gets a Status. aiohttp's own check lets HTTP/1.0 requests and
 WebSocket versions 7 and 8 through; RFC 6455 wants HTTP/1.1 or later and
 version 13 (anything else is 426 with the version we speak).
 
-A well-formed upgrade that offers only `probe.subres.dev` is a dry run: the
-handler checks everything it would before dialing and answers 200 with a
-Success Status instead of upgrading, so a client can fail fast (a stopped
-machine, a port not allowed) without taking a session or counting an error.
+A `?dryRun=All` request (Kubernetes' own dry-run parameter) is a dry run,
+upgrade or not: the handler checks everything it would before dialing and
+answers 200 with a Success Status instead of upgrading, so a client can fail
+fast (a stopped machine, a port not allowed) without taking a session or
+counting an error. Clients send it as a plain GET: kube-apiserver's proxy
+turns any answer to an upgrade below 400 but 101 into a 503.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from subres.kube.status import StatusError
 from subres.server.state import State
 
 __all__ = [
-    "PROBE",
     "VERSION",
     "check",
     "dry_run",
@@ -31,8 +32,6 @@ __all__ = [
 
 VERSION = "13"
 """The only WebSocket version RFC 6455 defines."""
-PROBE = "probe.subres.dev"
-"""The subprotocol that, offered alone, makes an upgrade a dry run."""
 
 
 def offered_subprotocols(request: web.Request) -> list[str]:
@@ -67,11 +66,13 @@ def websocket_response(
     return ws
 
 
-def dry_run(request: web.Request, *, what: str) -> bool:
-    """True for a well-formed upgrade offering only `PROBE` (a Status if malformed)."""
-    if offered_subprotocols(request) != [PROBE]:
+def dry_run(request: web.Request) -> bool:
+    """True for `?dryRun=All`; any other `dryRun` value is a 400, as in Kubernetes."""
+    asked = request.query.getall("dryRun", [])
+    if not asked:
         return False
-    check(request, what=what)
+    if asked != ["All"]:
+        raise StatusError(400, f'dryRun must be "All", not {", ".join(map(repr, asked))}')
     return True
 
 

@@ -3,8 +3,8 @@
 `handle_channels` serves `…/portforward?ports=…` (v4 binary, v4 base64, or
 no subprotocol): every check that can fail before the upgrade answers with a
 Status (bad ports 400, a port the parent does not allow 403, endpoint policy);
-offered `probe.subres.dev` alone, it stops there and answers 200 (a dry run
-that dials nothing, so a CLI can fail fast without counting an error);
+with `?dryRun=All` it stops there and answers 200 (a dry run that dials
+nothing, so a CLI can fail fast without counting an error);
 then one backend connection per port, a dial failure reported on that port's
 error channel as kubelet does, and the WebSocket closed once every port ended.
 
@@ -45,20 +45,20 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
         raise StatusError(400, str(exc)) from None
     for port in ports:
         subresource.forward_url(target, port)
+    if handshake.dry_run(request):  # `subres port-forward` checks before it listens
+        for port in set(ports):
+            await subresource.vet(state, target, subresource.forward_url(target, port))
+        return handshake.dry_run_passed()
     handshake.check(request, what=SUBRESOURCE)
-    offered = handshake.offered_subprotocols(request)
-    dialect = wire.negotiate(offered)
-    if dialect is None and offered != [handshake.PROBE]:
+    dialect = wire.negotiate(handshake.offered_subprotocols(request))
+    if dialect is None:
         supported = ", ".join(name for name in wire.DIALECTS if name)
         raise StatusError(400, f"unsupported subprotocols for portforward; supported: {supported}")
+    ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect.name)
     vetted = {
         port: await subresource.vet(state, target, subresource.forward_url(target, port))
         for port in set(ports)
     }
-    if dialect is None:
-        # A dry run (`subres port-forward` checks before it listens): every check passed.
-        return handshake.dry_run_passed()
-    ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect.name)
     await ws.prepare(request)
     mux = ChannelMux(ws, dialect, ports)
     async with session.live(

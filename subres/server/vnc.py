@@ -42,7 +42,7 @@ async def _view(
 ) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
-    if handshake.dry_run(request, what="vnc"):  # `subres vnc` checks before it listens
+    if handshake.dry_run(request):  # `subres vnc` checks before it listens
         await subresource.vet(state, target, url)
         return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
