@@ -5,12 +5,12 @@ connection and gets a Status. aiohttp's own check lets HTTP/1.0 requests and
 WebSocket versions 7 and 8 through; RFC 6455 wants HTTP/1.1 or later and
 version 13 (anything else is 426 with the version we speak).
 
-A `?dryRun=All` request (Kubernetes' own dry-run parameter) is a dry run,
-upgrade or not: the handler checks everything it would before dialing and
-answers 200 with a Success Status instead of upgrading, so a client can fail
-fast (a stopped machine, a port not allowed) without taking a session or
-counting an error. Clients send it as a plain GET: kube-apiserver's proxy
-turns any answer to an upgrade below 400 but 101 into a 503.
+A plain GET with `?dryRun=All` (Kubernetes' own dry-run parameter) is a dry
+run: the handler checks everything it would before dialing and answers 200
+with a Success Status, so a client can fail fast (a stopped machine, a port
+not allowed) without taking a session or counting an error. Never an
+upgrade: kube-apiserver's proxy turns any answer to an upgrade below 400 but
+101 into a 503, and an upgrade is answered 101 or refused.
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ def dry_run(request: web.Request) -> bool:
         return False
     if asked != ["All"]:
         raise StatusError(400, f'dryRun must be "All", not {", ".join(map(repr, asked))}')
+    if hdrs.UPGRADE in request.headers:
+        # An upgrade is answered 101 or refused: never a success that leaves it half-done.
+        raise StatusError(400, "a dry run is a plain GET, without Upgrade")
     return True
 
 

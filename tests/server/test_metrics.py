@@ -160,6 +160,8 @@ async def test_a_dry_run_counts_as_a_success_and_dials_nothing(tmp_path: Path) -
             assert await _get(s, forward.replace(f"={port}", "=1"), s.auth) == 403
             assert await _get(s, f"{machines}/off/vnc?dryRun=All", s.auth) == 409
             assert await _get(s, f"{machines}/vm/vnc?dryRun=None", s.auth) == 400
+            upgrade = {**s.auth, "Connection": "Upgrade", "Upgrade": "websocket"}
+            assert await _get(s, f"{machines}/vm/vnc?dryRun=All", upgrade) == 400
             after = await scrape(s.base, s.client_ssl, s.auth)
     finally:
         await backend.stop()
