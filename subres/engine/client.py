@@ -103,11 +103,12 @@ def websocket_accept(key: str) -> str:
 class UpgradedStream(SocketStream):
     """A connection that sent an upgrade request: the answer goes to h11, then bytes flow.
 
-    `answer` holds the 101's headers (lowercase names). Subclasses that frame
-    the new protocol override `upgraded_data`.
+    `headers` holds the 101's headers (lowercase names, in order), `answer`
+    the same by name (the last of each). Subclasses that frame the new
+    protocol override `upgraded_data`.
     """
 
-    __slots__ = ("_body", "_http", "_settled", "_status", "answer")
+    __slots__ = ("_body", "_http", "_settled", "_status", "answer", "headers")
 
     def __init__(
         self,
@@ -117,6 +118,7 @@ class UpgradedStream(SocketStream):
         peer: str = "server",
     ) -> None:
         super().__init__(high_water=high_water, write_timeout=write_timeout, peer=peer)
+        self.headers: list[tuple[str, str]] = []
         self.answer: dict[str, str] = {}
         self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
         self._settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -175,7 +177,8 @@ class UpgradedStream(SocketStream):
     def _answer_event(self, http: h11.Connection, event: object) -> bool:
         """Take one h11 event of the answer; True once the answer is complete."""
         if isinstance(event, h11.InformationalResponse) and event.status_code == 101:
-            self.answer = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+            self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
+            self.answer = dict(self.headers)
             leftover, _ = http.trailing_data
             self._http = None
             self._settle(None)

@@ -81,6 +81,8 @@ class ClientWebSocket:
         close_timeout: float,
     ) -> None:
         self.subprotocol = subprotocol
+        self.headers = conn.headers
+        """The server's `101` headers (lowercase names, in order)."""
         self._conn = conn
         self._ws = Protocol(Side.CLIENT, state=State.OPEN, max_size=max_size)
         self._close_timeout = close_timeout
@@ -91,6 +93,11 @@ class ClientWebSocket:
         self._room = asyncio.Event()
         self._ended = False
         self._reader = asyncio.create_task(self._read_loop())
+
+    @property
+    def protocol(self) -> Protocol:
+        """websockets' sans-I/O state of this connection (close frames sent and received)."""
+        return self._ws
 
     @property
     def close_code(self) -> int | None:
