@@ -126,9 +126,9 @@ def parse(argv: Sequence[str]) -> Settings:
     """Settings from the command line."""
     p = argparse.ArgumentParser(prog="python -m tests.bench.bench_throughput", description=__doc__)
     p.add_argument(
-        "--quick", action="store_true", help="every path with 16 MiB per transfer, under 60 s"
+        "--quick", action="store_true", help="every path with 64 MiB per transfer, under 60 s"
     )
-    p.add_argument("--mib", type=int, help="MiB each way per path (512; quick 16)")
+    p.add_argument("--mib", type=int, help="MiB each way per path (512; quick 64)")
     p.add_argument(
         "--loop",
         choices=(*loops.LOOPS, "both"),
@@ -151,11 +151,11 @@ def parse(argv: Sequence[str]) -> Settings:
         p.error(f"unknown paths: {', '.join(sorted(unknown))}")
     tls = {"both": (False, True), "on": (True,), "off": (False,)}[ns.tls]
     return Settings(
-        mib=ns.mib or (16 if ns.quick else 512),
+        mib=ns.mib or (64 if ns.quick else 512),
         paths=paths,
         tls=tls,
         timeout=15.0 if ns.quick else 60.0,
-        budget=45.0 if ns.quick else 480.0,
+        budget=50.0 if ns.quick else 480.0,
         profile=ns.profile,
         loops=loops.LOOPS if ns.loop == "both" else (ns.loop,),
     )
