@@ -447,7 +447,12 @@ async def _stdio_link(link: Link) -> int:
 
 
 class _UdpFlow:
-    """The WebSocket of one local UDP client address, with a bounded send queue."""
+    """The WebSocket of one local UDP client address, with a bounded send queue.
+
+    As the pump's client: a read is the next datagram the local client sent,
+    a write one datagram back to it. A UDP client never ends a flow; the
+    link's end does.
+    """
 
     def __init__(self, relay: _UdpRelay, addr: Any) -> None:
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(UDP_QUEUE)
@@ -461,19 +466,31 @@ class _UdpFlow:
         except CommandError as exc:
             print(f"error: udp port {self._relay.spec.remote}: {exc}", file=sys.stderr, flush=True)
             return
-        sender = asyncio.create_task(self._send(link))
         try:
-            while datagram := await link.read():
-                self._relay.reply(datagram, self._addr)
+            await pump(self, link, Traffic(), grace=0)
         finally:
-            sender.cancel()
-            await asyncio.wait([sender])
             await link.close()
 
-    async def _send(self, link: Link) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                await link.write(await self.queue.get())
+    @property
+    def gone(self) -> bool:
+        return False
+
+    async def read(self) -> bytes:
+        while not (datagram := await self.queue.get()):
+            pass  # an empty datagram would read as an end: links never carry one
+        return datagram
+
+    async def write(self, data: bytes) -> None:
+        self._relay.reply(data, self._addr)
+
+    async def write_eof(self) -> None:
+        pass  # UDP has no end to tell
+
+    async def abort(self, reason: str) -> None:
+        pass  # the flow ends with its link; the next datagram opens another
+
+    async def close(self) -> None:
+        pass
 
 
 class _UdpRelay(asyncio.DatagramProtocol):
