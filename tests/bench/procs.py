@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from subres.serving import loops
 from tests import gotools
 from tests.bench.client import raise_open_files_limit
 
@@ -336,5 +337,8 @@ def bench_header(title: str, module: str, argv: Sequence[str], *facts: str) -> s
         f"- rerun: `cd {ROOT} && {command}`",
         f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
         f"{platform.platform()}, Python {platform.python_version()}",
+        # Every subres process a bench starts reads it (`subres.serving.loops`).
+        f"- subres's event loop: {os.environ.get(loops.ENV) or loops.DEFAULT} "
+        f"(set ${loops.ENV} to choose)",
     ]
     return "\n".join(lines + [f"- {fact}" for fact in facts])
