@@ -87,13 +87,6 @@ def main(ns: argparse.Namespace) -> int:
             f"--transport {ns.transport} carries tcp only; use --transport websocket for udp"
         )
     config = kubeconfig.from_args(ns)
-    if config.proxy and not TRANSPORTS[ns.transport].udp:
-        # The SPDY carriers dial the server themselves and know no proxies (yet: they
-        # are moving to the shared SPDY engine).
-        raise CommandError(
-            f"--transport {ns.transport} cannot go through the kubeconfig's proxy-url; "
-            "use --transport websocket"
-        )
     return asyncio.run(_forward(config, typed, ns))
 
 

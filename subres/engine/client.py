@@ -15,12 +15,11 @@ import asyncio
 import base64
 import hashlib
 import os
-import socket
 import ssl
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 from urllib.parse import urlsplit
 
 import h11
@@ -229,21 +228,17 @@ async def upgrade(
     host = parts.hostname or ""
     port = parts.port or (443 if secure else 80)
     tls = (peer.tls or ssl.create_default_context()) if secure else None
-    loop = asyncio.get_running_loop()
-    sock = await _tunnel(peer.proxy, host, port) if peer.proxy else None
-    try:
-        if sock is None:
-            transport, conn = await loop.create_connection(
-                stream, host, port, ssl=tls, server_hostname=_name(peer, host) if tls else None
-            )
-        else:
-            transport, conn = await loop.create_connection(
-                stream, sock=sock, ssl=tls, server_hostname=_name(peer, host) if tls else None
-            )
-    except BaseException:
-        if sock is not None:
-            sock.close()
-        raise
+    name = _name(peer, host) if tls else None
+    transport: asyncio.BaseTransport
+    if peer.proxy:
+        transport, conn = await _through_proxy(
+            peer.proxy, host=host, port=port, stream=stream, tls=tls, server_hostname=name
+        )
+    else:
+        loop = asyncio.get_running_loop()
+        transport, conn = await loop.create_connection(
+            stream, host, port, ssl=tls, server_hostname=name
+        )
     target = parts.path or "/"
     if parts.query:
         target += f"?{parts.query}"
@@ -251,7 +246,7 @@ async def upgrade(
     try:
         await conn.request(method, target, pairs)
     except BaseException:
-        transport.abort()
+        cast(asyncio.Transport, transport).abort()
         raise
     return conn
 
@@ -260,43 +255,93 @@ def _name(peer: Peer, host: str) -> str:
     return peer.server_hostname or host
 
 
-async def _tunnel(proxy: str, host: str, port: int) -> socket.socket:
-    """A socket through the HTTP proxy at `proxy`, connected on to `host:port` (CONNECT)."""
+async def _through_proxy(
+    proxy: str,
+    *,
+    host: str,
+    port: int,
+    stream: Callable[[], S],
+    tls: ssl.SSLContext | None,
+    server_hostname: str | None,
+) -> tuple[asyncio.BaseTransport, S]:
+    """A connection to `host:port` through the HTTP(S) proxy at `proxy` (CONNECT).
+
+    An https proxy is reached over TLS with the same context, as client-go
+    does; the server's TLS then runs inside the tunnel.
+    """
     parts = urlsplit(proxy)
-    if parts.scheme != "http":
-        raise ConnectionError(f"proxy {proxy!r}: only http:// CONNECT proxies are supported")
+    if parts.scheme not in ("http", "https"):
+        raise ConnectionError(f"proxy {proxy!r}: only http and https proxies are supported")
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_STREAM)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
+    proxy_tls = (tls or ssl.create_default_context()) if parts.scheme == "https" else None
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    transport, tunnel = await loop.create_connection(
+        lambda: _Connect(authority),
+        parts.hostname or "",
+        parts.port or (443 if proxy_tls else 80),
+        ssl=proxy_tls,
+        server_hostname=parts.hostname if proxy_tls else None,
+    )
     try:
-        sock.setblocking(False)
-        await loop.sock_connect(sock, address)
-        http = h11.Connection(h11.CLIENT)
-        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        request = h11.Request(method="CONNECT", target=authority, headers=[("Host", authority)])
-        await loop.sock_sendall(sock, http.send(request) + (http.send(h11.EndOfMessage()) or b""))
-        await _connected(loop, sock, http, proxy)
+        await tunnel.answered(proxy)
+        conn = stream()
+        if tls is None:
+            transport.set_protocol(conn)
+            conn.connection_made(transport)
+            return transport, conn
+        inner = await loop.start_tls(transport, conn, tls, server_hostname=server_hostname)
+        if inner is None:
+            raise ConnectionError("TLS to the server through the proxy did not start")
+        conn.connection_made(inner)
     except BaseException:
-        sock.close()
+        transport.abort()
         raise
-    return sock
+    return inner, conn
 
 
-async def _connected(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, http: h11.Connection, proxy: str
-) -> None:
-    """Read the proxy's answer to CONNECT: a 2xx, and nothing after it."""
-    while True:
-        event = http.next_event()
-        if event is h11.NEED_DATA:
-            http.receive_data(await loop.sock_recv(sock, 4096))
-            continue
-        if isinstance(event, h11.Response):
-            if not 200 <= event.status_code < 300:
-                raise ConnectionError(f"proxy {proxy} refused the tunnel: {event.status_code}")
-            if http.trailing_data[0]:
-                raise ConnectionError(f"proxy {proxy} sent bytes before the server did")
+class _Connect(asyncio.Protocol):
+    """The CONNECT exchange with a proxy, before the connection is handed on."""
+
+    def __init__(self, authority: str) -> None:
+        self._authority = authority
+        self._http = h11.Connection(h11.CLIENT)
+        self._answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._answer.add_done_callback(_retrieve_int)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        request = h11.Request(
+            method="CONNECT", target=self._authority, headers=[("Host", self._authority)]
+        )
+        data = self._http.send(request) + (self._http.send(h11.EndOfMessage()) or b"")
+        cast(asyncio.Transport, transport).write(data)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._http.receive_data(data)
+            event = self._http.next_event()
+        except h11.ProtocolError as exc:
+            self._settle(ConnectionError(f"the proxy's answer is not HTTP: {exc}"))
             return
-        if isinstance(event, h11.ConnectionClosed):
-            raise ConnectionError(f"proxy {proxy} closed the connection")
+        if isinstance(event, h11.Response):
+            if self._http.trailing_data[0]:
+                self._settle(ConnectionError("the proxy sent bytes before the server did"))
+            elif not self._answer.done():
+                self._answer.set_result(event.status_code)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._settle(ConnectionError("the proxy closed the connection"))
+
+    def _settle(self, error: Exception) -> None:
+        if not self._answer.done():
+            self._answer.set_exception(error)
+
+    async def answered(self, proxy: str) -> None:
+        """Return once the proxy opened the tunnel; raise when it refused."""
+        status = await self._answer
+        if not 200 <= status < 300:
+            raise ConnectionError(f"proxy {proxy} refused the tunnel: {status}")
+
+
+def _retrieve_int(answer: asyncio.Future[int]) -> None:
+    if not answer.cancelled():
+        answer.exception()

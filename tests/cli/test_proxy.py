@@ -17,7 +17,7 @@ import yaml
 
 from subres.cli import kubeconfig
 from subres.cli.kubeconfig import KubeconfigError
-from tests.cli.conftest import Demo, run_cli, run_cli_async
+from tests.cli.conftest import Demo, run_cli_async
 from tests.cli.portforward_support import listening, round_trip, spawn, stop
 from tests.server.portforward_support import port_of
 from tests.support import Backend, Standalone
@@ -148,17 +148,23 @@ async def test_port_forward_goes_through_the_proxy(
     assert proxy.targets == [server, server]
 
 
-def test_spdy_transports_refuse_a_proxy_url(workdir: Path, demo: Demo) -> None:
-    config = _through(demo.kubeconfig, "http://127.0.0.1:1", workdir)
-    done = run_cli(
-        ["--kubeconfig", config, "port-forward", "--transport", "spdy", "demo", "22"],
-        home=workdir,
-    )
-    assert done.returncode == 1
-    assert done.stderr == (
-        b"error: --transport spdy cannot go through the kubeconfig's proxy-url; "
-        b"use --transport websocket\n"
-    )
+@pytest.mark.parametrize("transport", ["spdy", "tunnel"])
+async def test_spdy_transports_go_through_the_proxy(
+    subres: Standalone, backends: tuple[Backend, Backend], proxy: ConnectProxy, transport: str
+) -> None:
+    echo, _ = backends
+    config = _through(subres.kubeconfig(), proxy.url, subres.dir)
+    proc = await spawn(
+        subres, "vm1", f"0:{port_of(echo.url)}", "--kubeconfig", str(config),
+        "--transport", transport,
+    )  # fmt: skip
+    try:
+        (local,) = await listening(proc, 1)
+        assert await round_trip(local, b"proxied") == b"proxied"
+    finally:
+        await stop(proc)
+    server = f"127.0.0.1:{subres.server.port}"
+    assert proxy.targets and set(proxy.targets) == {server}
 
 
 def test_socks_proxies_are_refused_clearly(workdir: Path, demo: Demo) -> None:
