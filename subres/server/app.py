@@ -55,9 +55,9 @@ from subres.server import (
     vnc,
 )
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
-from subres.server.keeper import Keeper
 from subres.server.state import State
 from subres.serving import errors, health
+from subres.sessions.keeper import Keeper
 from subres.web import page
 
 __all__ = ["KEEPER", "build"]

@@ -15,8 +15,9 @@ from aiohttp import hdrs, web
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
-from subres.server import remotecommand, session, sharing, streaming, subresource
+from subres.server import remotecommand, streaming, subresource
 from subres.server.state import State
+from subres.sessions import session, sharing
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 

@@ -21,12 +21,13 @@ from subres.backends.agent import Agents
 from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.kube.secrets import NoSecrets, Secrets
-from subres.server import discovery, openapi
+from subres.server import discovery, openapi, subresource
 from subres.serving.connections import Guard
 from subres.serving.metrics import Metrics
 from subres.serving.reclaim import Reclaimer
 from subres.sessions.audit import SessionAudit
 from subres.sessions.events import Events, NoEvents
+from subres.sessions.members import Owners
 from subres.sessions.recordings import Recordings
 from subres.sessions.registry import Sessions
 
@@ -80,7 +81,14 @@ class State:
     reclaimer: Reclaimer = field(default_factory=Reclaimer)
     """Gives memory back when sessions or connections drain."""
 
+    owners: Owners = field(default_factory=lambda: Owners(""))
+    """Which replica owns each console and display (standalone: this one, alone)."""
+
     def __post_init__(self) -> None:
+        if not self.owners.replica:
+            self.owners = Owners.alone(self.replica)
+        self.backends = subresource.Backends(self)
+        """Parents and backends, as the sessions domain asks for them."""
         self.sessions.on_ended = lambda live: self.reclaimer.level("sessions", live)
         self.connections.on_level = self.reclaimer.level
         self.screenshot_slots = asyncio.Semaphore(self.config.session.screenshot_concurrency)

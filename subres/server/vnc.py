@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from subres.server import session, streaming, subresource
+from subres.server import streaming, subresource
 from subres.server.state import State
+from subres.sessions import session
+from subres.sessions.target import key
 from subres.sessions.viewer import GuardedDisplay
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
@@ -43,7 +45,7 @@ async def _view(
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    if preserve and state.sessions.active(session.key(target)):
+    if preserve and state.sessions.active(key(target)):
         raise session.busy(target)  # without dialing; `session.hold` decides for certain
     backend = await subresource.connect(state, target, url)
     return await streaming.serve(

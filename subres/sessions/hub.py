@@ -370,6 +370,8 @@ class Hub:
         self.scrollback = scrollback
         self.size: TerminalSize | None = None
         """The writer's last window size."""
+        self.notes: list[str] = []
+        """What happened to the console while nobody recorded it, for its next recording."""
         self._feed_limit = feed_limit
         self._on_idle = on_idle
         self._waking: asyncio.TimerHandle | None = None

@@ -37,16 +37,28 @@ __all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions",
 
 @dataclass(frozen=True)
 class SessionKey:
-    """Which exclusive session slot: parent resource, subresource, namespace and name."""
+    """Which unit: parent resource, subresource, namespace, name and console.
+
+    A unit is one exclusive session slot, and what one replica owns
+    (`sessions.members`): every replica derives the same owner from it.
+    """
 
     resource: str
     """The parent's resource (`machines`): a Host and a Machine of one name are two slots."""
     subresource: str
     namespace: str
     name: str
+    console: str = ""
+    """Which of the machine's consoles; empty for its one console (and for a display)."""
 
     def __str__(self) -> str:
-        return f"{self.subresource} of {self.namespace}/{self.name}"
+        which = f" {self.console}" if self.console else ""
+        return f"{self.subresource}{which} of {self.namespace}/{self.name}"
+
+    def hashed(self) -> bytes:
+        """The key as bytes for rendezvous hashing: the same on every replica."""
+        parts = (self.resource, self.subresource, self.namespace, self.name, self.console)
+        return "\0".join(parts).encode()
 
 
 class Closable(Protocol):
