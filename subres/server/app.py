@@ -122,6 +122,9 @@ def build(state: State) -> web.Application:
     page.add_routes(app, settings)
 
     keeper = app[KEEPER] = Keeper(state)
+    state.owners.on_change(
+        lambda _: state.sessions.moved(state.owners.mine, "the session moved to another replica")
+    )
 
     async def on_startup(_: web.Application) -> None:
         await keeper.start()

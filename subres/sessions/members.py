@@ -13,7 +13,8 @@ the units of the replica that came or went.
   deletes it when it drains.
 - A replica is a member while its Lease is fresh *and* names, as holder, a
   Pod that subres knows: in its namespace, selected as a replica, Ready, with
-  an address, not being deleted. The Pod gives the peer address. A Lease's
+  an address, not being deleted. The Pod gives the peer address. (A replica
+  that runs outside any Pod, beside a cluster, counts itself alone.) A Lease's
   duration counts only up to `duration` (a forged Lease cannot hold longer),
   and freshness is judged on the local clock from when this replica first
   saw the Lease's current version (as client-go's leader election does).
@@ -167,7 +168,8 @@ class Membership:
         self.synced = False
         """True once the Leases and the Pods were listed and this replica's Lease written."""
         self._leases: dict[str, _Seen] = {}
-        self._pods: dict[str, tuple[str, int]] = {}
+        self._pods: dict[str, tuple[str, int] | None] = {}
+        """Every replica Pod by name: its peer address, or None while it cannot serve."""
         self._listed = [False, False]
         self._version = ""
         self._renewed: float | None = None
@@ -262,12 +264,7 @@ class Membership:
             self._leases[name] = _Seen(obj, version, self.clock())
 
     def _pod(self, obj: Mapping[str, Any]) -> None:
-        name = _name(obj)
-        address = _address(obj, self.settings.peer_port)
-        if address is None:
-            self._pods.pop(name, None)
-        else:
-            self._pods[name] = address
+        self._pods[_name(obj)] = _address(obj, self.settings.peer_port)
 
     # --- the view --------------------------------------------------------------------------
 
@@ -288,15 +285,20 @@ class Membership:
             return
         frozen = self._frozen() and self.synced
         members: dict[str, tuple[str, int]] = {}
+        me = self.settings.replica
         for name, seen in self._leases.items():
             holder = str((seen.obj.get("spec") or {}).get("holderIdentity") or "")
-            if name != PREFIX + holder or holder not in self._pods:
+            address = self._pods.get(holder)
+            # This replica outside any Pod (beside a cluster, in tests) counts itself: no one
+            # else can reach it, and it need not reach itself.
+            if holder == me and me not in self._pods:
+                address = ("", 0)
+            if name != PREFIX + holder or address is None:
                 continue
             if (frozen and holder in self.owners.members) or self._fresh(seen):
-                members[holder] = self._pods[holder]
+                members[holder] = address
         gone = set(self.owners.members) - set(members)
         left = {deleted.removeprefix(PREFIX)} if deleted else set()
-        me = self.settings.replica
         if me in members and me not in self.owners.members and len(members) > 1:
             self.owners.settled = False
             asyncio.get_running_loop().call_later(self.settings.renew, self._settle)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from subres.backends.peer import Peers
 from subres.config import Config, ParentSpec, SubresourceSpec
 from subres.engine.stream import ByteStream
 from subres.serving.metrics import Metrics
@@ -70,6 +71,8 @@ class Runtime(Protocol):
     def backends(self) -> Backends: ...
     @property
     def owners(self) -> Owners: ...
+    @property
+    def peers(self) -> Peers: ...
 
 
 @dataclass(frozen=True)

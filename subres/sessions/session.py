@@ -171,6 +171,8 @@ class Live:
         if callable(attached):
             attached(self._close_later)
         self._record_console()
+        if getattr(self.backend, "recorded", False) is True:
+            self.record.recorded = True  # by the replica that owns the console
         fields = self.record.fields()
         self.state.audit.started(fields)
         self._event(events.opened(fields))
