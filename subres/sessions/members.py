@@ -209,11 +209,12 @@ class Membership:
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks)
-        if self._version:
+        version, self._version = self._version, ""
+        if version:
             with contextlib.suppress(ApiError, TimeoutError, OSError):
                 async with asyncio.timeout(max(grace, 0.1)):
                     await self.api.delete_lease(
-                        self.settings.namespace, self.name, resource_version=self._version
+                        self.settings.namespace, self.name, resource_version=version
                     )
 
     async def leave(self) -> None:
