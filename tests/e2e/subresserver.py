@@ -101,6 +101,9 @@ class Profile:
     """``--config`` of the local process (the overlay's ConfigMap would need a kubelet)."""
     args: tuple[str, ...] = ()
     """Further flags of ``subres serve`` (e.g. ``--access-log`` for a test that reads it)."""
+    source: Path | None = None
+    """Another checkout whose ``subres`` to run (a benchmark's older design); it has no
+    peer port."""
 
 
 @dataclass
@@ -224,7 +227,8 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
         args = _serve_args(certs_dir, workdir / "cert-dir", kubeconfig, port)
-        args.append(f"--peer-port={peer_port}")
+        if profile.source is None:
+            args.append(f"--peer-port={peer_port}")
         args.append(f"--config={profile.config or _write_config(workdir)}")
         args += profile.args
         server = Subres(
@@ -232,7 +236,9 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
             workdir=workdir,
             port=port,
             ca=certs_dir / "ca.crt",
-            process=Process(name="subres", args=args, log=workdir / "subres.log"),
+            process=Process(
+                name="subres", args=args, log=workdir / "subres.log", cwd=profile.source
+            ),
             cert_files=certs_dir,
             apiservice=profile.apiservice,
         )
@@ -256,10 +262,11 @@ async def replica(first: Subres, name: str) -> Subres:
     port, peer_port = free_ports(2)
     swapped = {
         "--secure-port": str(port),
-        "--peer-port": str(peer_port),
         "--cert-dir": str(first.workdir / f"cert-dir-{name}"),
         "--replica-name": name,
     }
+    if any(a.startswith("--peer-port=") for a in first.process.args):
+        swapped["--peer-port"] = str(peer_port)
     args = [a for a in first.process.args if a.split("=", 1)[0] not in swapped]
     server = Subres(
         plane=first.plane,
@@ -272,6 +279,7 @@ async def replica(first: Subres, name: str) -> Subres:
             name=f"subres {name}",
             args=[*args, *(f"{flag}={value}" for flag, value in swapped.items())],
             log=first.workdir / f"subres-{name}.log",
+            cwd=first.process.cwd,
         ),
     )
     try:

@@ -9,16 +9,20 @@ the sessions list is complete from either.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import os
+import struct
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from subres.demo.vnc import Display, VncServer
 from tests.server.replicas import as_user, echoes, owner_and_other, replicas, url
-from tests.support import Backend, wait_for
+from tests.support import Backend, relay_to_unix, wait_for
 
 
 async def test_an_observer_on_one_replica_sees_byte_for_byte_what_a_writer_on_the_other_sees(
@@ -129,3 +133,46 @@ async def test_the_peer_port_admits_only_replica_certificates(
         async with http.get(where, ssl=ctx, server_hostname="subres-replica") as r:
             assert r.status == 200
             assert json.loads(await r.text()) == {"items": []}
+
+
+async def full_frame(ws: aiohttp.ClientWebSocketResponse) -> bytes:
+    """An RFB 3.8 viewer's handshake (security None) and one full framebuffer update, as read."""
+    got = bytearray()
+
+    async def until(size: int) -> bytes:
+        while len(got) < size:
+            got.extend(await ws.receive_bytes(timeout=10))
+        return bytes(got[:size])
+
+    await until(12)
+    await ws.send_bytes(b"RFB 003.008\n")
+    await until(14)
+    await ws.send_bytes(b"\x01")
+    await until(18)
+    await ws.send_bytes(b"\x01")
+    head = (await until(18 + 24))[18:]
+    width, height = struct.unpack(">HH", head[:4])
+    (name,) = struct.unpack(">I", head[20:24])
+    await ws.send_bytes(b"\x03\x00" + struct.pack(">HHHH", 0, 0, width, height))
+    return await until(18 + 24 + name + 16 + width * height * head[4] // 8)
+
+
+async def test_a_view_only_viewer_on_one_replica_sees_the_display_the_viewer_on_the_other_sees(
+    tmp_path: Path,
+) -> None:
+    display = VncServer(tmp_path / "vnc.sock", display=Display(clock=lambda: "12:00:00"))
+    await display.start()
+    vnc = await Backend(handler=functools.partial(relay_to_unix, tmp_path / "vnc.sock")).start_tcp()
+    try:
+        async with replicas(tmp_path, vnc) as (_, servers), aiohttp.ClientSession() as http:
+            owner, other = owner_and_other(servers, "vnc")
+            async with (
+                http.ws_connect(url(owner, "vnc"), **as_user(tmp_path, "alice")) as viewer,
+                http.ws_connect(url(other, "vnc-observe"), **as_user(tmp_path, "olive")) as watcher,
+            ):
+                seen, watched = await asyncio.gather(full_frame(viewer), full_frame(watcher))
+        assert len(seen) > 1_000_000  # the whole 640x400 screen
+        assert hashlib.sha256(seen).digest() == hashlib.sha256(watched).digest()
+    finally:
+        await vnc.stop()
+        await display.stop()
