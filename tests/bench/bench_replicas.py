@@ -374,6 +374,10 @@ async def design(
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
     ):
         clients = Clients(plane, http)
+        if source is None:  # the first design: the CRD is installed now
+            names = [f"s-{i}" for i in range(max(settings.sessions))] + ["lat-0"]
+            await machines(plane, names, backend.url, keep=False)
+            await machines(plane, [f"k-{i}" for i in range(settings.kept)], backend.url, keep=True)
         async with asyncio.timeout(OPEN_TIMEOUT), backend.changed:
             await backend.changed.wait_for(lambda: backend.open >= settings.kept)
         await latencies(clients, servers, figures, settings.samples, new=source is None)
@@ -427,11 +431,6 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
                 plane, namespace=subresserver.NAMESPACE, service_account="subres"
             )
             await bind_users(plane)
-            biggest = max(settings.sessions)
-            await machines(
-                plane, [f"s-{i}" for i in range(biggest)] + ["lat-0"], backend.url, keep=False
-            )
-            await machines(plane, [f"k-{i}" for i in range(settings.kept)], backend.url, keep=True)
             results = [await design(plane, settings, backend, None)]
             if settings.old:
                 with old_checkout(settings.old) as old:
