@@ -12,7 +12,8 @@ endpoints stop sending it requests; then `Server.stop` takes at most
 is going away (1001), waits for them to end until a last step before the
 deadline, drops the connections of any that did not (a client that reads
 nothing, a peer that never hangs up), lets aiohttp finish the other
-requests, and gives up the session Leases in what remains.
+requests, and leaves the replicas' membership in what remains (its Lease
+was already deleted when the drain began, so that its units moved at once).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ WATCH_INTERVAL = 1.0
 """Seconds between checks of the certificate, token, CA and standalone files."""
 LAST_STEP = 1.0
 """Seconds of the shutdown grace (at most half of it) kept for after the sessions:
-finishing other requests, deleting session Leases."""
+finishing other requests, deleting this replica's membership Lease."""
 GOING_AWAY = "the server is shutting down"
 
 
