@@ -65,7 +65,9 @@ async def test_a_console_taken_over_through_either_replica_closes_with_4001(
                 )
                 await echoes(ws2, b"now mine")
         await backend.wait_open(0)
+        # Nothing is left behind on either side: no slot, no session, no peer session.
         await wait_for(lambda: not owner.state.sessions.exclusive)
+        await wait_for(lambda: not owner.state.sessions.live and not other.state.sessions.live)
 
 
 async def test_preserve_session_is_refused_through_the_other_replica_before_dialing(
