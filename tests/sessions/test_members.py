@@ -34,7 +34,27 @@ class Clock:
         return self.now
 
 
-def membership(clock: Clock, me: str = "a") -> Membership:
+class Api:
+    """The Lease calls a membership makes; `down` makes them fail as an unreachable apiserver."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.version = 0
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._stored(body)
+
+    async def replace_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._stored(body)
+
+    def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.down:
+            raise OSError("connection refused")
+        self.version += 1
+        return body | {"metadata": body["metadata"] | {"resourceVersion": str(self.version)}}
+
+
+def membership(clock: Clock, me: str = "a", api: Api | None = None) -> Membership:
     settings = MembershipSettings(
         namespace="subres-system",
         replica=me,
@@ -43,8 +63,8 @@ def membership(clock: Clock, me: str = "a") -> Membership:
         duration=6.0,
         renew=2.0,
     )
-    api = cast(client.Api, object())  # the watches are fed by hand; nothing is sent
-    return Membership(api, settings, Owners(me), clock=clock)
+    # The watches are fed by hand; only this replica's own Lease is written.
+    return Membership(cast(client.Api, api or Api()), settings, Owners(me), clock=clock)
 
 
 def members(view: Membership) -> tuple[str, ...]:
@@ -104,3 +124,22 @@ async def test_a_deleted_lease_left_and_a_replica_outside_any_pod_counts_itself(
     assert members(view) == ("laptop",)
     assert view.owners.lost == frozenset()
     assert view.owners.owner(UNITS[0]) == "laptop"
+
+
+async def test_an_unreachable_apiserver_freezes_the_view_instead_of_emptying_it() -> None:
+    clock, api = Clock(), Api()
+    view = membership(clock, api=api)
+    view.listed(1, [pod("a", 9000), pod("b", 9001)])
+    view.listed(0, [lease("b")])
+    await view.renew()
+    assert view.synced and members(view) == ("a", "b")
+    api.down = True
+    for _ in range(10):  # a minute of failed renewals; b's Lease is not seen renewed either
+        clock.now += 6
+        await view.renew()
+        view.changed(0, lease("a", version="1"), deleted=False)
+    assert members(view) == ("a", "b")
+    api.down = False
+    await view.renew()  # back: b, which really stopped renewing, expires now
+    view.changed(0, lease("a", version="99"), deleted=False)
+    assert members(view) == ("a",)
