@@ -302,7 +302,7 @@ def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
     """Cluster mode's /readyz checks beyond TLS and the parent caches."""
     checks: dict[str, Callable[[], bool]] = {
         "authentication-config": lambda: parts.auth.ready,
-        "replica-membership": lambda: parts.membership.synced,
+        "replica-membership": lambda: parts.synced,
     }
     agents = parts.agents
     if agents is not None:
