@@ -90,6 +90,12 @@ class PeerStream(RelayStream):
             self._end(GOING_AWAY, f"the replica {self.owner} owning this console was lost")
         super().connection_lost(exc)
 
+    async def close(self) -> None:
+        """The front's session is over: hang up, and tell its client nothing more."""
+        if self._ended is None:
+            self._ended = (1000, "")
+        await super().close()
+
     def _end(self, code: int, reason: str) -> None:
         if self._ended is None:
             self._ended = (code, reason)
