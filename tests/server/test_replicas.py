@@ -22,7 +22,7 @@ import pytest
 
 from subres.demo.vnc import Display, VncServer
 from tests.server.replicas import as_user, echoes, owner_and_other, replicas, url
-from tests.support import Backend, relay_to_unix, wait_for
+from tests.support import GROUP_VERSION, Backend, relay_to_unix, wait_for
 
 
 async def test_an_observer_on_one_replica_sees_byte_for_byte_what_a_writer_on_the_other_sees(
@@ -115,6 +115,13 @@ async def test_the_sessions_list_is_complete_from_either_replica_with_client_and
                 (alice,) = [i for i in listing["items"] if i["user"] == "alice"]
                 assert (alice["bytesUp"], alice["bytesDown"]) == (5, 5)
                 assert alice["clientAddress"] == "127.0.0.1"
+            # Per namespace too, each replica asked only for what the list shows.
+            base = f"https://127.0.0.1:{other.port}/apis/{GROUP_VERSION}/namespaces"
+            for namespace, count in (("default", 2), ("elsewhere", 0)):
+                async with http.get(
+                    f"{base}/{namespace}/sessions", **as_user(tmp_path, "bob")
+                ) as r:
+                    assert len((await r.json())["items"]) == count
 
 
 async def test_the_peer_port_admits_only_replica_certificates(
