@@ -188,11 +188,13 @@ async def test_a_view_only_viewer_on_one_replica_sees_the_display_the_viewer_on_
 
 
 async def test_while_the_replicas_disagree_on_the_owner_the_client_gets_a_503_before_upgrading(
-    tmp_path: Path, backend: Backend
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
         owner, other = owner_and_other(servers)
-        # The owner's view (as if its watch had not seen itself yet) says it owns nothing.
+        # The owner's view (as if its watch had not seen itself yet) says it owns nothing,
+        # and stays so for the test.
+        monkeypatch.setattr(owner.state.owners, "update", lambda *_, **__: None)
         owner.state.owners.members = (other.state.replica,)
         user = as_user(tmp_path, "alice")
         upgrade = {
