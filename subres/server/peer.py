@@ -27,7 +27,7 @@ from subres.server import recordinglist, sessionlist
 from subres.server.state import State
 from subres.serving import certs, errors
 from subres.serving.tls import replica_caller
-from subres.sessions import peer
+from subres.sessions import peer, sharing
 
 __all__ = ["REPLICA_NAME", "build"]
 
@@ -63,8 +63,11 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     prepared = await peer.prepare(state, ask)
     recorded = state.recordings.wanted(prepared.target.spec, prepared.target.obj)
     headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
-    if recorded and prepared.target.spec.name == "console":
-        headers.append(("Subres-Recorded", "true"))
+    if prepared.target.spec.name == "console":
+        if recorded:
+            headers.append(("Subres-Recorded", "true"))
+        if sharing.keeps_scrollback(state, prepared.target):
+            headers.append(("Subres-Scrollback", "true"))
     try:
         response, carrier = await upgrade.upgrade(request, headers)
     except BaseException:

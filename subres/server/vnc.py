@@ -17,7 +17,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from subres.engine.stream import ByteStream
-from subres.server import streaming, subresource
+from subres.server import handshake, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import peer, session
@@ -47,6 +47,9 @@ async def _view(
 ) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
+    if handshake.dry_run(request):  # `subres vnc` checks before it listens
+        await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
     mode = session.OBSERVER if view_only else session.VIEWER
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=preserve, tail=None)

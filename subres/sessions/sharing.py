@@ -15,7 +15,7 @@ from subres.sessions.hub import Feed, Hub, KeptPort, Tee
 from subres.sessions.runtime import Runtime
 from subres.sessions.target import Target, key
 
-__all__ = ["hub", "observe", "write"]
+__all__ = ["hub", "keeps_scrollback", "observe", "write"]
 
 
 async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -> ByteStream:
@@ -34,6 +34,12 @@ async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -
 def observe(state: Runtime, target: Target, *, tail: int | None) -> Feed:
     """An observer's share of the console."""
     return hub(state, target).attach(tail=tail)
+
+
+def keeps_scrollback(state: Runtime, target: Target) -> bool:
+    """Whether `target`'s console is kept here, with output to replay (`?tail=`)."""
+    kept = state.sessions.hubs.get(key(target))
+    return kept is not None and kept.scrollback is not None
 
 
 def hub(state: Runtime, target: Target) -> Hub:
