@@ -21,10 +21,10 @@ import json
 import logging
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from subres.backends.endpoint import Endpoint, Target
@@ -40,8 +40,11 @@ __all__ = [
     "ClientTLS",
     "Directory",
     "RelayStream",
+    "Request",
     "StaticDirectory",
+    "open_relay",
     "parse_agent_url",
+    "status_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -158,16 +161,14 @@ class Agents:
         except (OSError, ValueError) as exc:
             raise AgentUnavailable(f"cannot load the agent client certificate: {exc}") from None
         transport = relay.Transport.DATAGRAM if datagram else relay.Transport.STREAM
-        headers = {
-            "Connection": "Upgrade",
-            "Upgrade": relay.UPGRADE,
-            "Content-Length": "0",
-            relay.ENDPOINT_HEADER: _wire_endpoint(target.endpoint, target.address),
-            relay.TRANSPORT_HEADER: transport.value,
-            **({relay.FOR_HEADER: purpose} if purpose else {}),
-        }
+        headers = [
+            (relay.ENDPOINT_HEADER, _wire_endpoint(target.endpoint, target.address)),
+            (relay.TRANSPORT_HEADER, transport.value),
+        ]
+        if purpose:
+            headers.append((relay.FOR_HEADER, purpose))
 
-        def stream() -> RelayStream:
+        def protocol() -> RelayStream:
             return RelayStream(
                 high_water=4 * read_size,
                 write_timeout=write_timeout,
@@ -175,26 +176,78 @@ class Agents:
                 datagram=datagram,
             )
 
-        peer = client.Peer(
-            f"https://{host}:{port}{relay.PATH}", tls=context, server_hostname=self.tls.server_name
-        )
         try:
-            async with asyncio.timeout(connect_timeout):
-                conn = await client.upgrade(peer, method="POST", headers=headers, stream=stream)
+            return await open_relay(
+                protocol,
+                (host, port),
+                context=context,
+                server_name=self.tls.server_name,
+                connect_timeout=connect_timeout,
+                request=Request(relay.PATH, relay.UPGRADE, "subres-agent", headers),
+            )
         except TimeoutError:
             raise AgentUnavailable(f"{where} did not answer within {connect_timeout:g}s") from None
-        except client.UpgradeRefused as exc:
-            refused = _refusal(exc.status, exc.body)
-            if isinstance(refused, AgentRefused):
-                raise AgentRefused(
-                    f'subres agent of node "{node}": {refused}', refused.code
-                ) from None
-            raise refused from None
+        except AgentRefused as exc:
+            raise AgentRefused(f'subres agent of node "{node}": {exc}', exc.code) from None
         except OSError as exc:
             raise AgentUnavailable(f"{where} is unreachable: {exc}") from None
-        # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
-        conn.set_write_high_water(4 * read_size)
-        return conn
+
+
+_S = TypeVar("_S", bound="RelayStream")
+
+
+@dataclass(frozen=True)
+class Request:
+    """The upgrade request that opens a relay."""
+
+    path: str
+    upgrade: str
+    host: str
+    headers: list[tuple[str, str]]
+
+
+async def open_relay(
+    protocol: Callable[[], _S],
+    address: tuple[str, int],
+    *,
+    context: ssl.SSLContext,
+    server_name: str,
+    connect_timeout: float,
+    request: Request,
+) -> _S:
+    """Connect over TLS, send `request` and return the stream after its 101, in time.
+
+    The one upgrade client (`subres.engine.client`) does the HTTP; a refusal
+    becomes the stream's `refusal`. Raises `TimeoutError`, the connection's
+    errors (OSError), or that refusal.
+    """
+    made: list[_S] = []
+
+    def stream() -> _S:
+        made.append(protocol())
+        return made[-1]
+
+    host, port = address
+    peer = client.Peer(
+        f"https://{f'[{host}]' if ':' in host else host}:{port}{request.path}",
+        tls=context,
+        server_hostname=server_name,
+    )
+    headers = {
+        "Host": request.host,
+        "Connection": "Upgrade",
+        "Upgrade": request.upgrade,
+        "Content-Length": "0",
+        **dict(request.headers),
+    }
+    try:
+        async with asyncio.timeout(connect_timeout):
+            conn = await client.upgrade(peer, method="POST", headers=headers, stream=stream)
+    except client.UpgradeRefused as exc:
+        raise made[-1].refusal(exc.status, exc.body) from None
+    # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
+    conn.set_write_high_water(conn.high_water)
+    return conn
 
 
 def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
@@ -207,20 +260,29 @@ def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
 class RelayStream(UpgradedStream):
     """A `ByteStream` over one relay connection: frames inside mutual TLS.
 
-    After the agent's 101 (the upgrade client's part), bytes are frames,
+    The upgrade client reads the answer; after its 101 the bytes are frames,
     whose payloads take `SocketStream`'s queue and flow control.
     """
 
-    __slots__ = ("_decoder", "_failure", "_lost_reason")
+    __slots__ = ("_decoder", "_failure", "_lost_reason", "high_water")
 
-    def __init__(self, *, high_water: int, write_timeout: float, lost: str, datagram: bool) -> None:
+    def __init__(
+        self,
+        *,
+        high_water: int,
+        write_timeout: float,
+        lost: str,
+        datagram: bool = False,
+        peer: bool = False,
+    ) -> None:
         super().__init__(high_water=high_water, write_timeout=write_timeout, peer="agent")
-        self._decoder = relay.FrameDecoder(partial=not datagram)
+        self.high_water = high_water
+        self._decoder = relay.FrameDecoder(partial=not datagram, peer=peer)
         self._failure: str | None = None
         self._lost_reason = lost
 
     def upgraded_data(self, data: bytes) -> None:
-        """Frames from the agent."""
+        """Frames from the other end."""
         self._frames_received(data)
 
     def _frames_received(self, data: bytes) -> None:
@@ -237,9 +299,18 @@ class RelayStream(UpgradedStream):
                     super().upgraded_data(event.data)
             elif isinstance(event, relay.EofReceived):
                 super().eof_received()
-            else:
+            elif isinstance(event, relay.ErrorReceived):
                 self._failure = event.reason
                 super().eof_received()
+            else:
+                self.control(event)
+
+    def control(self, event: relay.ResizeReceived | relay.CloseReceived) -> None:
+        """A peer relay's RESIZE or CLOSE frame (an agent's decoder yields none)."""
+
+    def refusal(self, status: int, body: bytes) -> Exception:
+        """The exception for a non-101 answer."""
+        return _refusal(status, body)
 
     def eof_received(self) -> bool:
         """TLS ended without our EOF frame: wait for `connection_lost` to say so."""
@@ -270,16 +341,20 @@ class RelayStream(UpgradedStream):
             self._transport.write(relay.eof())
 
 
-def _refusal(status: int, body: bytes) -> Exception:
-    """The exception for an agent's non-101 answer, with the message of its Status."""
-    message = ""
+def status_message(body: bytes) -> str:
+    """The message of a `Status` body, or its first bytes when it is not one ("" for none)."""
     try:
         decoded = json.loads(body)
-        if isinstance(decoded, dict):
-            message = str(decoded.get("message") or "")
     except ValueError:
-        pass
-    message = message or body[:200].decode(errors="replace") or f"HTTP {status}"
+        decoded = None
+    if isinstance(decoded, dict) and decoded.get("message"):
+        return str(decoded["message"])
+    return body[:200].decode(errors="replace")
+
+
+def _refusal(status: int, body: bytes) -> Exception:
+    """The exception for an agent's non-101 answer, with the message of its Status."""
+    message = status_message(body) or f"HTTP {status}"
     if status in (403, 502, 503):
         return AgentRefused(message, status)
     if status == 504:
