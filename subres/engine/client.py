@@ -218,6 +218,9 @@ async def upgrade(
 ) -> S:
     """Dial `peer`, ask for an upgrade with `headers` (and the peer's), return the connection.
 
+    `Host` is the URL's unless `headers` name one (an agent is reached by
+    address but asked as `subres-agent`).
+
     `stream` makes the protocol object (an `UpgradedStream`). Raises
     `UpgradeRefused` for an answer other than `101`, `ConnectionError` when the
     server hangs up or does not speak HTTP, OSError (ssl.SSLError) when it
@@ -242,7 +245,9 @@ async def upgrade(
     target = parts.path or "/"
     if parts.query:
         target += f"?{parts.query}"
-    pairs = [("Host", parts.netloc.rpartition("@")[2]), *headers.items(), *peer.headers.items()]
+    pairs = [*headers.items(), *peer.headers.items()]
+    if not any(name.lower() == "host" for name, _ in pairs):
+        pairs.insert(0, ("Host", parts.netloc.rpartition("@")[2]))
     try:
         await conn.request(method, target, pairs)
     except BaseException:
