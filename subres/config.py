@@ -144,6 +144,9 @@ class SubresourceSpec:
     record: str = "annotated"
     """console: record sessions (when `consoles.recordings.directory` is set): `never`,
     `always`, or `annotated` (`consoles.recordAnnotation: "true"`)."""
+    unit: str = ""
+    """Which of the parent's units of this subresource this spec describes: a console's
+    name; "" for the only one (or the default console)."""
 
     def opted_in(self, mode: str, obj: Mapping[str, Any], annotation: str) -> bool:
         """Whether `obj` opts in under `mode` (this spec's `keep` or `record`)."""

@@ -284,8 +284,10 @@ class _NoHold:
 
 
 def key(target: Target) -> SessionKey:
-    """The exclusive slot of `target`'s subresource."""
-    return SessionKey(target.parent.resource, target.spec.name, target.namespace, target.name)
+    """The unit `target` asks for: its exclusive slot, its console's hub (the one place a key
+    is built from a request)."""
+    spec = target.spec
+    return SessionKey(target.parent.resource, spec.name, target.namespace, target.name, spec.unit)
 
 
 def busy(target: Target) -> StatusError:

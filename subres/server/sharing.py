@@ -23,8 +23,7 @@ __all__ = ["hub", "keeper_key", "key", "observe", "write"]
 
 def keeper_key(target: Target) -> SessionKey:
     """The slot of whoever keeps `target`'s console (which replica, in cluster mode)."""
-    console = key(target)
-    return SessionKey(console.resource, "console-keeper", console.namespace, console.name)
+    return key(target).role("console-keeper")
 
 
 async def write(state: State, target: Target, url: str, *, tail: int | None) -> ByteStream:

@@ -49,7 +49,14 @@ from subres.kube.informer import Informer, InformerSettings
 from subres.kube.status import StatusError
 from subres.sessions.registry import Busy, Claim, SessionKey
 
-__all__ = ["LABELS", "USER_ANNOTATION", "LeaseSettings", "SessionLeases", "lease_name"]
+__all__ = [
+    "LABELS",
+    "UNIT_ANNOTATION",
+    "USER_ANNOTATION",
+    "LeaseSettings",
+    "SessionLeases",
+    "lease_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,8 @@ LABELS = {"app.kubernetes.io/name": "subres", "app.kubernetes.io/component": "se
 """Every session Lease carries these; the watch selects by them."""
 USER_ANNOTATION = "subres.dev/user"
 """The user whose session holds the Lease: named to the session it takes over."""
+UNIT_ANNOTATION = "subres.dev/unit"
+"""Which console or USB slot a Lease holds, when the machine has several."""
 ATTEMPTS = 4
 """Writes tried against a Lease that keeps changing before giving up."""
 NAME_LIMIT = 253
@@ -85,9 +94,11 @@ def lease_name(key: SessionKey) -> str:
     The hash of the whole key keeps two keys apart even when the readable
     part had to be shortened or cleaned.
     """
-    whole = "\0".join((key.resource, key.subresource, key.namespace, key.name))
+    whole = "\0".join(key.parts())
     digest = hashlib.sha256(whole.encode()).hexdigest()[:12]
-    parts = f"{key.subresource}.{key.resource}.{key.namespace}.{key.name}".lower().split(".")
+    unit = f".{key.unit}" if key.unit else ""
+    named = f"{key.subresource}.{key.resource}.{key.namespace}.{key.name}{unit}"
+    parts = named.lower().split(".")
     labels = (_INVALID.sub("-", part).strip("-") for part in parts)
     readable = ".".join(label for label in labels if label)
     readable = readable[: NAME_LIMIT - len(digest) - 1].strip(".-")
@@ -422,6 +433,7 @@ class SessionLeases:
                 "subres.dev/subresource": key.subresource,
                 "subres.dev/namespace": key.namespace,
                 "subres.dev/name": key.name,
+                **({UNIT_ANNOTATION: key.unit} if key.unit else {}),
             },
         }
         if held.version:

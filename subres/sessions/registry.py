@@ -26,27 +26,60 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from subres.engine.websocket import CloseCode
 from subres.sessions.hub import Hub
 
-__all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions", "Shared"]
+__all__ = [
+    "UNIT_WORDS",
+    "Busy",
+    "Claim",
+    "Closable",
+    "LiveSession",
+    "SessionKey",
+    "Sessions",
+    "Shared",
+]
+
+
+UNIT_WORDS = {"usbredir": "slot "}
+"""How a unit is named in words where its bare name says too little (`usbredir slot 0`)."""
 
 
 @dataclass(frozen=True)
 class SessionKey:
-    """Which exclusive session slot: parent resource, subresource, namespace and name."""
+    """One shared unit of a machine: a console (by name), its display, a USB slot.
+
+    The one description of a unit: exclusive slots and hubs are keyed by it,
+    session Leases are named from its `parts`, takeovers name it in words.
+    Build it from a request's target with `server.session.key`.
+    """
 
     resource: str
     """The parent's resource (`machines`): a Host and a Machine of one name are two slots."""
     subresource: str
     namespace: str
     name: str
+    unit: str = ""
+    """Which of the machine's units of this subresource: a console's name (`serial1`), a
+    usbredir slot's number (`0`); "" for a machine's only one, or its default console."""
+
+    def parts(self) -> tuple[str, ...]:
+        """What identifies the unit, in order; the unit only when there is one."""
+        whole = (self.resource, self.subresource, self.namespace, self.name)
+        return (*whole, self.unit) if self.unit else whole
+
+    def role(self, subresource: str) -> SessionKey:
+        """The same unit under another slot name (`console-keeper`: who keeps a console)."""
+        return replace(self, subresource=subresource)
 
     def __str__(self) -> str:
-        return f"{self.subresource} of {self.namespace}/{self.name}"
+        what = self.subresource
+        if self.unit:
+            what += f" {UNIT_WORDS.get(self.subresource, '')}{self.unit}"
+        return f"{what} of {self.namespace}/{self.name}"
 
 
 class Closable(Protocol):

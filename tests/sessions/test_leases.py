@@ -163,6 +163,22 @@ def test_lease_names_are_valid_and_distinct(
     assert len(made) <= 253 and SUBDOMAIN.fullmatch(made), made
     assert made != lease_name(SessionKey(resource, "console", namespace, name + other))
     assert made != lease_name(SessionKey(resource, "vnc", namespace, name))
+    named = lease_name(SessionKey(resource, "console", namespace, name, unit=other))
+    assert named != made and len(named) <= 253 and SUBDOMAIN.fullmatch(named), named
+
+
+def test_each_console_and_usb_slot_of_a_machine_has_its_own_lease() -> None:
+    serial1 = SessionKey("machines", "console", "default", "vm1", unit="serial1")
+    slot = SessionKey("machines", "usbredir", "default", "vm1", unit="0")
+    # The default console keeps the name it had before machines had several.
+    assert lease_name(KEY).startswith("console.machines.default.vm1-")
+    assert lease_name(serial1).startswith("console.machines.default.vm1.serial1-")
+    assert len({lease_name(KEY), lease_name(serial1), lease_name(slot)}) == 3
+    assert (str(KEY), str(serial1), str(slot)) == (
+        "console of default/vm1",
+        "console serial1 of default/vm1",
+        "usbredir slot 0 of default/vm1",
+    )
 
 
 def test_a_hostile_name_still_makes_a_valid_lease_name() -> None:
