@@ -22,9 +22,11 @@ __all__ = [
     "ANY_PORT",
     "DEFAULT_DENY_CIDRS",
     "DEFAULT_SOCKET_DIR",
+    "SLOT",
     "SUBRESOURCES",
     "TRUSTED_FIELDS",
     "TRUSTED_PREFIX",
+    "USB_SLOTS",
     "Config",
     "ConfigError",
     "ConsolesSpec",
@@ -39,13 +41,20 @@ __all__ = [
     "field_value",
     "load",
     "parse",
+    "slot_source",
 ]
 
-SUBRESOURCES = ("console", "vnc", "screenshot", "portforward")
+SUBRESOURCES = ("console", "vnc", "screenshot", "portforward", "usbredir")
 ANY_PORT = "any"
 """`ports: any`: the parent kind opts in to forwarding every port (KubeVirt restricts none)."""
 
-Scalar = str | int | float | bool
+Scalar = str | int | float | bool | None
+"""A value a state rule compares a field with; None is a field that is unset."""
+
+SLOT = "{slot}"
+"""In a usbredir endpoint template, the slot's number (0, 1, …)."""
+USB_SLOTS = 4
+"""usbredir slots a machine has at most, by default: KubeVirt's UsbClientPassthroughMaxNumberOf."""
 
 DEFAULT_DENY_CIDRS = (
     "0.0.0.0/8",  # unspecified: "this host"
@@ -95,9 +104,12 @@ class Requirement:
     """The Status message when the rule fails; empty for one naming the field and value."""
 
     def holds(self, value: Any) -> bool:
-        """Whether the field's `value` satisfies the rule (`true` never equals `1`)."""
+        """Whether the field's `value` satisfies the rule (`true` never equals `1`; `null`
+        matches an unset field only)."""
         found = any(
-            isinstance(v, bool) == isinstance(value, bool) and v == value for v in self.values
+            (v is None and value is None)
+            or (v is not None and isinstance(v, bool) == isinstance(value, bool) and v == value)
+            for v in self.values
         )
         return found != self.negate
 
@@ -146,7 +158,10 @@ class SubresourceSpec:
     `always`, or `annotated` (`consoles.recordAnnotation: "true"`)."""
     unit: str = ""
     """Which of the parent's units of this subresource this spec describes: a console's
-    name; "" for the only one (or the default console)."""
+    name, a usbredir slot's number; "" for the only one (or the default console)."""
+    slots: int = 0
+    """usbredir: how many slots (one client each) a machine has at most; its endpoint
+    names one URL per slot (a list, or a template with `{slot}`)."""
 
     def opted_in(self, mode: str, obj: Mapping[str, Any], annotation: str) -> bool:
         """Whether `obj` opts in under `mode` (this spec's `keep` or `record`)."""
@@ -305,6 +320,9 @@ def _default_parent(root: str = ".status") -> ParentSpec:
             ports=f"{root}.portForward.ports",
             requires=running,
         ),
+        "usbredir": SubresourceSpec(
+            "usbredir", endpoint=f"{root}.usbredir.endpoints", requires=running, slots=USB_SLOTS
+        ),
     }
     return ParentSpec(
         resource="machines",
@@ -400,7 +418,11 @@ def _check_trusted(parents: tuple[ParentSpec, ...]) -> None:
 
 
 def _backend_sources(sub: SubresourceSpec) -> list[str]:
-    sources = [sub.endpoint, sub.address, "" if sub.ports == ANY_PORT else sub.ports]
+    sources = [
+        slot_source(sub.endpoint, 0),
+        sub.address,
+        "" if sub.ports == ANY_PORT else sub.ports,
+    ]
     if sub.ssh is not None:
         ssh = sub.ssh
         sources += [ssh.credentials, ssh.host_key, ssh.command, ssh.via]
@@ -443,12 +465,21 @@ def _instance(data: Any, what: str) -> InstanceSpec:
     )
 
 
+def slot_source(endpoint: str, slot: int) -> str:
+    """A usbredir endpoint's field path or template, for slot number `slot`."""
+    return endpoint.replace(SLOT, str(slot))
+
+
 def _subresource(name: str, data: Any) -> SubresourceSpec:
     keys = {"endpoint", "address", "ports", "require", "ssh", "nodeLocal", "keep", "record"}
-    doc = _mapping(data, name, keys)
+    doc = _mapping(data, name, keys | {"slots"})
     for key in ("keep", "record"):
         if key in doc and (name != "console" or doc[key] not in OPT_IN):
             raise ConfigError(f"{name}.{key}: only console has it, one of {', '.join(OPT_IN)}")
+    if "slots" in doc and name != "usbredir":
+        raise ConfigError(f"{name}.slots: only usbredir has slots")
+    if SLOT in str(doc.get("endpoint", "")) and name != "usbredir":
+        raise ConfigError(f"{name}.endpoint: only usbredir endpoints have a {SLOT}")
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
@@ -458,9 +489,11 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
     node_local = doc.get("nodeLocal", False)
     if not isinstance(node_local, bool):
         raise ConfigError(f"{name}.nodeLocal must be true or false")
+    endpoint = doc.get("endpoint")
+    _source(slot_source(endpoint, 0) if isinstance(endpoint, str) else endpoint, f"{name}.endpoint")
     return SubresourceSpec(
         name=name,
-        endpoint=_source(doc.get("endpoint"), f"{name}.endpoint"),
+        endpoint=endpoint or "",
         address=_path(doc.get("address"), f"{name}.address"),
         ports=ports if ports == ANY_PORT else _path(ports or None, f"{name}.ports"),
         requires=_requirements(doc.get("require", {}), f"{name}.require"),
@@ -468,6 +501,7 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         node_local=node_local,
         keep=doc.get("keep", "annotated"),
         record=doc.get("record", "annotated"),
+        slots=_count(doc.get("slots", USB_SLOTS), f"{name}.slots") if name == "usbredir" else 0,
     )
 
 
@@ -525,8 +559,8 @@ def _rule(data: Any, what: str) -> Requirement:
 def _scalars(data: Any, what: str) -> tuple[Scalar, ...]:
     values = _list(data, what)
     for value in values:
-        if not isinstance(value, str | int | float | bool):
-            raise ConfigError(f"{what}: {value!r} is not a string, number or boolean")
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise ConfigError(f"{what}: {value!r} is not a string, number, boolean or null")
     return tuple(values)
 
 

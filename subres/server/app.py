@@ -27,6 +27,8 @@ upgrade, each a Status; the live part):
   stream).
 - portforward/{port}[/{tcp|udp}]: `portforward_ws.handle_port`; port (400),
   allowed (403), `subresource.connect`; a `RawWebSocket` and the pump.
+- usbredir: `usbredir.handle`; as vnc, on the first free USB slot (or the one
+  held longest, taken over; 409 with `preserveSession`); `streaming.serve`.
 
 Every live part runs inside `session.live` (register, takeover, count, one
 log line, the `Record` of how it ended) and stops when either side is gone.
@@ -52,6 +54,7 @@ from subres.server import (
     recordinglist,
     screenshot,
     sessionlist,
+    usbredir,
     vnc,
 )
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
@@ -108,6 +111,7 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/portforward", portforward.handle),
         ("GET", f"{sub}/portforward/{{port}}", portforward.handle_port),
         ("GET", f"{sub}/portforward/{{port}}/{{protocol}}", portforward.handle_port),
+        ("GET", f"{sub}/usbredir", usbredir.handle),
     ]
     for method, path, handler in table:
         app.router.add_route(method, path, functools.partial(handler, state))

@@ -183,7 +183,14 @@ def _schemas(config: Config, v3: bool) -> dict[str, Any]:
                 "properties": {"apiVersion": text, "kind": text, "name": text},
             },
             "subresource": text,
-            "mode": {**text, "description": "writer, observer, viewer or forwarder"},
+            "unit": {
+                **text,
+                "description": "which console (by name) or USB slot (by number) of the machine",
+            },
+            "mode": {
+                **text,
+                "description": "writer, observer, viewer, forwarder or redirector",
+            },
             "user": text,
             "dialect": text,
             "clientAddress": text,

@@ -27,7 +27,8 @@ should cost no frame.
 
 Every session has a mode: a console's `writer` (one at a time) or
 `observer` (any number, read-only), a display's interactive `viewer` (one at
-a time) or view-only `observer`, a port-forward's `forwarder`.
+a time) or view-only `observer`, a port-forward's `forwarder`, a USB slot's
+`redirector` (one at a time).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from subres.sessions.registry import Busy, Claim, Closable, SessionKey
 __all__ = [
     "FORWARDER",
     "OBSERVER",
+    "REDIRECTOR",
     "VIEWER",
     "WRITER",
     "Hold",
@@ -72,7 +74,13 @@ WRITER = "writer"
 OBSERVER = "observer"
 VIEWER = "viewer"
 FORWARDER = "forwarder"
-DEFAULT_MODES = {"console": WRITER, "vnc": VIEWER, "portforward": FORWARDER}
+REDIRECTOR = "redirector"
+DEFAULT_MODES = {
+    "console": WRITER,
+    "vnc": VIEWER,
+    "portforward": FORWARDER,
+    "usbredir": REDIRECTOR,
+}
 
 
 @dataclass
@@ -81,7 +89,7 @@ class Record:
 
     subresource: str
     mode: str
-    """writer, observer, viewer or forwarder."""
+    """writer, observer, viewer, forwarder or redirector."""
     dialect: str
     """The negotiated subprotocol or stream protocol; "raw" for none."""
     kind: str
@@ -92,6 +100,8 @@ class Record:
     client: str
     """The client's address as this server sees it (kube-apiserver's, behind it)."""
     request_id: str
+    unit: str = ""
+    """Which of the machine's consoles or USB slots; "" where it has one of the kind."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """This session's own name, unique and safe to show (request ids come from clients)."""
     recorded: bool = False
@@ -115,6 +125,7 @@ class Record:
         outcome = self.outcome
         return {
             "subresource": self.subresource,
+            "unit": self.unit,
             "mode": self.mode,
             "dialect": self.dialect,
             "kind": self.kind,
@@ -337,6 +348,7 @@ def live(
         groups=tuple(user.groups),
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
+        unit=target.spec.unit,
     )
     return Live(
         state,

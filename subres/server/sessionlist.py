@@ -4,9 +4,10 @@
 `GET …/namespaces/NS/sessions` and `GET …/sessions` (RBAC: `list sessions`)
 answer a `SessionList`, or a `meta.k8s.io/v1` `Table` when the Accept header
 asks for one, as `kubectl get` does. A session says who (user), what
-(machine, subresource, mode: writer, observer, viewer or forwarder), since
-when, from where (the client address this replica saw) and how many bytes
-went each way so far. Each replica lists the sessions it serves.
+(machine, subresource and which of its consoles or USB slots, mode: writer,
+observer, viewer, forwarder or redirector), since when, from where (the
+client address this replica saw) and how many bytes went each way so far.
+Each replica lists the sessions it serves.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from subres.server import subresource
 from subres.server.session import Live, Record
 from subres.server.state import State
 from subres.serving.units import human_age, human_bytes, rfc3339
-from subres.sessions.leases import USER_ANNOTATION
+from subres.sessions.leases import UNIT_ANNOTATION, USER_ANNOTATION
 
 __all__ = ["COLUMNS", "for_machine", "for_namespace", "item"]
 
@@ -33,7 +34,7 @@ COLUMNS = (
     ("Name", "string", "name", "The session's name."),
     ("Machine", "string", "", "The parent object."),
     ("Subresource", "string", "", "console, vnc or portforward."),
-    ("Mode", "string", "", "writer, observer, viewer or forwarder."),
+    ("Mode", "string", "", "writer, observer, viewer, forwarder or redirector."),
     ("User", "string", "", "Who opened it."),
     ("Client", "string", "", "The client address this replica saw."),
     ("Up", "string", "", "Bytes from the client to the machine so far."),
@@ -42,7 +43,7 @@ COLUMNS = (
 )
 
 
-HOLDERS = {"console": "writer", "vnc": "viewer"}
+HOLDERS = {"console": "writer", "vnc": "viewer", "usbredir": "redirector"}
 """The slots whose Leases name a session of another replica, and its mode."""
 
 
@@ -119,6 +120,7 @@ def _remote(state: State, lease: Mapping[str, Any]) -> Entry | None:
         groups=(),
         client="",
         request_id="",
+        unit=str(notes.get(UNIT_ANNOTATION) or ""),
         id=claim or "0" * 8,
         started=_micro_time(str(spec.get("acquireTime") or "")),
     )
@@ -170,6 +172,7 @@ def item(state: State, entry: Entry, *, group_version: str) -> dict[str, Any]:
             "name": record.name,
         },
         "subresource": record.subresource,
+        "unit": record.unit,
         "mode": record.mode,
         "user": record.user,
         "dialect": record.dialect,

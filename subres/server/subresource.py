@@ -121,7 +121,7 @@ def _check(rules: tuple[Requirement, ...], obj: Mapping[str, Any], described: st
         if rule.message:
             raise StatusError(rule.code, f"{described}: {rule.message}")
         shown = "unset" if value is None else f'"{value}"'
-        wanted = " or ".join(map(str, rule.values))
+        wanted = " or ".join("unset" if v is None else str(v) for v in rule.values)
         verdict = f"is {wanted}" if rule.negate else f"is not {wanted}"
         raise StatusError(rule.code, f"{described} {verdict}: {rule.path} is {shown}")
 

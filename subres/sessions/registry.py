@@ -23,6 +23,7 @@ replica's session took a slot this one held.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -117,6 +118,8 @@ class Claim:
     """The upgraded session, once `start` bound it."""
     lost: str | None = None
     """Why the slot was taken from this claim, once it was."""
+    since: float = field(default_factory=time.monotonic)
+    """When the claim was made (the local clock): the oldest is taken over first."""
 
 
 class Shared(Protocol):
@@ -170,6 +173,11 @@ class Sessions:
     def active(self, key: SessionKey) -> bool:
         """True while a session holds `key`, here or (as last seen) on another replica."""
         return key in self.exclusive or (self.shared is not None and self.shared.held(key))
+
+    def since(self, key: SessionKey) -> float | None:
+        """When this replica's session on `key` claimed it (the local clock); None if none does."""
+        claim = self.exclusive.get(key)
+        return claim.since if claim is not None else None
 
     async def claim(self, key: SessionKey, *, user: str, preserve: bool = False) -> Claim:
         """Take the slot `key` for a new session of `user`, taking it from any holder.

@@ -39,6 +39,9 @@ def test_manifests_hold_the_contract() -> None:
     user = docs[("ClusterRole", "subres-machine-user")]["rules"][0]
     assert set(user["verbs"]) == {"get", "create"}
     assert "machines/portforward" in user["resources"]
+    editors = docs[("ClusterRole", "subres-machine-user")]["rules"]
+    usb = {"apiGroups": ["subresources.subres.dev"], "resources": ["machines/usbredir"]}
+    assert {**usb, "verbs": ["get"]} in editors
     viewer = docs[("ClusterRole", "subres-screenshot-viewer")]["rules"][0]
     assert (viewer["resources"], viewer["verbs"]) == (["machines/screenshot"], ["get"])
     pod = docs[("Deployment", "subres")]["spec"]
