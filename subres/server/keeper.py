@@ -72,7 +72,9 @@ class KeptConsole:
         self._state = state
         self._backend: ByteStream | None = None
         self.hub = sharing.hub(state, target)
-        self.hub.keep(self, Scrollback(state.config.consoles.scrollback))
+        self.scrollback = Scrollback(state.config.consoles.scrollback)
+        """What the console printed (its log: `previous` begins at the last redial)."""
+        self.hub.keep(self, self.scrollback)
         self.task = asyncio.create_task(self._run(), name=f"keep {self.key}")
 
     @property
@@ -145,6 +147,7 @@ class KeptConsole:
             log.info("%s: not kept for now: %s", self.key, exc.message)
             return
         self._backend = backend
+        self.scrollback.connected()
         self.hub.source = self
         log.info("%s: kept", self.key)
         kept = self._state.metrics.consoles_kept

@@ -17,6 +17,17 @@ from subres.server.discovery import KINDS, VERBS, served
 __all__ = ["Specs", "build"]
 
 PRODUCES = {"screenshot": ["image/png"]}
+LOG_PARAMETERS = (
+    ("follow", "boolean", "keep the answer open and send new output as it arrives"),
+    ("tailLines", "integer", "only the last this many lines"),
+    ("sinceSeconds", "integer", "only lines that began this many seconds ago or later"),
+    ("sinceTime", "string", "only lines that began at or after this RFC 3339 time"),
+    ("limitBytes", "integer", "at most this many bytes in the answer"),
+    ("timestamps", "boolean", "lead each line with the time its first byte arrived"),
+    ("previous", "boolean", "the connection before the console was last dialed again"),
+    ("console", "string", "which of the machine's consoles (default: its first)"),
+)
+"""The query options of `log`, as `pods/log` has them (and `console`)."""
 METHODS = {"get": "get", "create": "post"}
 
 
@@ -112,6 +123,33 @@ def _operation(config: Config, kind: str, sub: str, verb: str, v3: bool) -> dict
     return op
 
 
+def _log(config: Config, kind: str, v3: bool) -> dict[str, Any]:
+    """GET a kept console's output as text."""
+    query = []
+    for name, kind_of, what in LOG_PARAMETERS:
+        schema = {"type": kind_of}
+        query.append(
+            {"name": name, "in": "query", "description": what, "uniqueItems": True}
+            | ({"schema": schema} if v3 else schema)
+        )
+    op: dict[str, Any] = {
+        "description": f"read the output of a {kind}'s kept console",
+        "operationId": f"readNamespaced{kind}Log",
+        "tags": [config.group],
+        "parameters": query,
+        "responses": {
+            "200": _ok({"type": "string"}, ["text/plain"], v3),
+            "401": {"description": "Unauthorized"},
+        },
+        "x-kubernetes-action": "get",
+        "x-kubernetes-group-version-kind": _gvk(config, kind),
+    }
+    if not v3:
+        op["produces"] = ["text/plain"]
+        op["schemes"] = ["https"]
+    return op
+
+
 def _read(
     config: Config, *, operation: str, what: str, v3: bool, kind: str = "SessionList"
 ) -> dict[str, Any]:
@@ -136,6 +174,9 @@ def _read(
 def _paths(config: Config, v3: bool) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for path, (kind, sub, _) in _operations(config).items():
+        if sub == "log":
+            paths[path] = {"get": _log(config, kind, v3), "parameters": _params(v3)}
+            continue
         if sub in KINDS:
             what = f"list the {sub} of a {kind}"
             operation = f"readNamespaced{kind}{_camel(sub)}"

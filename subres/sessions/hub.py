@@ -62,6 +62,9 @@ class Sink(Protocol):
     def marker(self, text: str) -> None:
         """Something happened worth a note: who attached, who took over."""
 
+    def let_go(self) -> None:
+        """The console is no longer kept (its log followers end)."""
+
 
 class Kept(Protocol):
     """The keeper of a console: its connection while it has one."""
@@ -395,6 +398,8 @@ class Hub:
         if self.keeper is keeper:
             self.keeper = None
             self.scrollback = None
+            for sink in list(self.sinks):
+                sink.let_go()
             self._check_idle()
 
     def add_sink(self, sink: Sink) -> None:

@@ -135,7 +135,7 @@ async def machine(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Machine]:
     name = f"vm{next(_names)}"
     plane = cluster.plane
     vm_uid = await create(plane, vm(name, namespace=NS))
-    passthrough = {"clientPassthrough": {}}
+    passthrough: dict[str, Any] = {"clientPassthrough": {}}
     uid = await create(plane, vmi(name, owner=vm_uid, namespace=NS, devices=passthrough))
     async with backends(cluster.sockets, uid) as b:
         alice = Virtctl(virtctl(), plane.kubeconfig_for("alice"), tmp_path, namespace=NS)

@@ -61,6 +61,7 @@ async def test_resource_list_names_every_subresource(http: Client) -> None:
         "machines/portforward": ["create", "get"],
         "machines/usbredir": ["get"],
         "machines/sessions": ["get"],
+        "machines/log": ["get"],
         "machines/recordings": ["get"],
         "sessions": ["list"],
     }
@@ -95,6 +96,7 @@ async def test_aggregated_discovery_etag_and_304(http: Client) -> None:
         "screenshot",
         "portforward",
         "usbredir",
+        "log",
         "recordings",
         "sessions",
     }

@@ -267,6 +267,7 @@ def test_observing_is_granted_apart_from_typing_and_recordings_apart_from_both()
         "machines/vnc-observe",
         "machines/screenshot",
         "machines/sessions",
+        "machines/log",
         "sessions",
     }
     assert "labels" not in docs[("ClusterRole", "subres-machine-observer")]["metadata"]
@@ -283,6 +284,9 @@ def test_observing_is_granted_apart_from_typing_and_recordings_apart_from_both()
         }
     ]
     assert reader["metadata"]["labels"] == {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}
+    logs = docs[("ClusterRole", "subres-machine-log-reader")]
+    assert logs["metadata"]["labels"] == {"rbac.authorization.k8s.io/aggregate-to-view": "true"}
+    assert [(r["resources"], r["verbs"]) for r in logs["rules"]] == [(["machines/log"], ["get"])]
     events = docs[("ClusterRole", "subres:session-events")]["rules"]
     assert events == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     binding = docs[("ClusterRoleBinding", "subres:session-events")]
