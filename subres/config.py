@@ -7,6 +7,7 @@ parses YAML itself.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from subres import fields
 
 __all__ = [
     "ANY_PORT",
+    "DEFAULT_CONSOLE",
     "DEFAULT_DENY_CIDRS",
     "DEFAULT_SOCKET_DIR",
     "SLOT",
@@ -51,6 +53,10 @@ ANY_PORT = "any"
 Scalar = str | int | float | bool | None
 """A value a state rule compares a field with; None is a field that is unset."""
 
+DEFAULT_CONSOLE = "serial0"
+"""What a parent's console is called when its configuration names it nothing else."""
+MAX_CONSOLES = 16
+"""Consoles one parent kind may name: each is a kept connection, a hub and a recording."""
 SLOT = "{slot}"
 """In a usbredir endpoint template, the slot's number (0, 1, …)."""
 USB_SLOTS = 4
@@ -162,6 +168,11 @@ class SubresourceSpec:
     slots: int = 0
     """usbredir: how many slots (one client each) a machine has at most; its endpoint
     names one URL per slot (a list, or a template with `{slot}`)."""
+    label: str = ""
+    """console: the name clients pick it by (`?console=serial1`); the default console's
+    is `name:` in the file (`serial0`), another's its key under `consoles:`."""
+    consoles: tuple[SubresourceSpec, ...] = ()
+    """The default console's: the parent's other consoles, each a spec of its own."""
 
     def opted_in(self, mode: str, obj: Mapping[str, Any], annotation: str) -> bool:
         """Whether `obj` opts in under `mode` (this spec's `keep` or `record`)."""
@@ -195,6 +206,18 @@ class ParentSpec:
     def api_version(self) -> str:
         """The `apiVersion` the parent objects carry."""
         return f"{self.group}/{self.version}"
+
+    def all_consoles(self) -> tuple[SubresourceSpec, ...]:
+        """Every console of the kind, the default one first; none without a console."""
+        console = self.subresources.get("console")
+        return (console, *console.consoles) if console is not None else ()
+
+    def console(self, name: str = "") -> SubresourceSpec | None:
+        """The console called `name`, or the default one for ""."""
+        consoles = self.all_consoles()
+        if not name:
+            return consoles[0] if consoles else None
+        return next((c for c in consoles if c.label == name), None)
 
 
 @dataclass(frozen=True)
@@ -310,7 +333,7 @@ def _default_parent(root: str = ".status") -> ParentSpec:
     vnc = f"{root}.vnc.endpoint"
     subs = {
         "console": SubresourceSpec(
-            "console", endpoint=f"{root}.console.endpoint", requires=running
+            "console", endpoint=f"{root}.console.endpoint", requires=running, label=DEFAULT_CONSOLE
         ),
         "vnc": SubresourceSpec("vnc", endpoint=vnc, requires=running),
         "screenshot": SubresourceSpec("screenshot", endpoint=vnc, requires=running),
@@ -405,16 +428,21 @@ def _check_trusted(parents: tuple[ParentSpec, ...]) -> None:
                 f"{parent.resource}.node reads {parent.node}, which whoever may edit the "
                 "object can change; use a .status field, or set endpointsFromSpec: true"
             )
-        for sub in parent.subresources.values():
+        for sub in (*parent.subresources.values(), *parent.all_consoles()):
             for source in _backend_sources(sub):
                 for path in _fields_of(source):
                     if not path.startswith(TRUSTED_PREFIX) and path not in TRUSTED_FIELDS:
+                        what = f"{parent.resource}.{sub.name}{_which(sub)}"
                         raise ConfigError(
-                            f"{parent.resource}.{sub.name} reads its backend from {path}, "
+                            f"{what} reads its backend from {path}, "
                             "which whoever may edit the object can change; use a .status "
                             "field, or set endpointsFromSpec: true to let editors choose "
                             "where subres dials"
                         )
+
+
+def _which(sub: SubresourceSpec) -> str:
+    return f" {sub.unit}" if sub.unit else ""
 
 
 def _backend_sources(sub: SubresourceSpec) -> list[str]:
@@ -451,7 +479,10 @@ def _parent(data: Any) -> ParentSpec:
         group=_name(source.get("group"), f"{resource}.source.group", _SUBDOMAIN),
         version=_name(source.get("version"), f"{resource}.source.version", _LABEL),
         crd_resource=_name(source.get("resource", resource), f"{resource}.source.resource", _LABEL),
-        subresources={name: _subresource(name, spec) for name, spec in subs.items()},
+        subresources={
+            name: _console(spec) if name == "console" else _subresource(name, spec)
+            for name, spec in subs.items()
+        },
         instance=_instance(doc["instance"], f"{resource}.instance") if "instance" in doc else None,
         node=_str(doc.get("node", ParentSpec.node), f"{resource}.node"),
     )
@@ -472,7 +503,9 @@ def slot_source(endpoint: str, slot: int) -> str:
 
 def _subresource(name: str, data: Any) -> SubresourceSpec:
     keys = {"endpoint", "address", "ports", "require", "ssh", "nodeLocal", "keep", "record"}
-    doc = _mapping(data, name, keys | {"slots"})
+    doc = _mapping(data, name, keys | {"slots", "name", "consoles"})
+    if ("name" in doc or "consoles" in doc) and name != "console":
+        raise ConfigError(f"{name}: only console has a name and more consoles")
     for key in ("keep", "record"):
         if key in doc and (name != "console" or doc[key] not in OPT_IN):
             raise ConfigError(f"{name}.{key}: only console has it, one of {', '.join(OPT_IN)}")
@@ -502,7 +535,33 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         keep=doc.get("keep", "annotated"),
         record=doc.get("record", "annotated"),
         slots=_count(doc.get("slots", USB_SLOTS), f"{name}.slots") if name == "usbredir" else 0,
+        label=_name(doc.get("name", DEFAULT_CONSOLE), f"{name}.name", _LABEL)
+        if name == "console"
+        else "",
     )
+
+
+def _console(data: Any) -> SubresourceSpec:
+    """The default console, with the other consoles named under its `consoles:`."""
+    doc = _mapping(data, "console", None)
+    console = _subresource("console", {k: v for k, v in doc.items() if k != "consoles"})
+    others = _mapping(doc.get("consoles", {}), "console.consoles", None)
+    if len(others) + 1 > MAX_CONSOLES:
+        raise ConfigError(f"console.consoles: at most {MAX_CONSOLES} consoles in all")
+    specs = []
+    for label, spec in others.items():
+        what = f"console.consoles.{label}"
+        _name(label, what, _LABEL)
+        if label == console.label:
+            raise ConfigError(f"{what}: the default console is called {label} already")
+        fields_ = _mapping(
+            spec, what, {"endpoint", "require", "ssh", "nodeLocal", "keep", "record"}
+        )
+        # A console says what differs; the rest (state rules, nodeLocal) is the default's.
+        inherited = {"require": doc.get("require", {}), "nodeLocal": doc.get("nodeLocal", False)}
+        other = _subresource("console", {**inherited, **fields_, "name": label})
+        specs.append(dataclasses.replace(other, unit=label))
+    return dataclasses.replace(console, consoles=tuple(specs))
 
 
 def _ssh(name: str, data: Any) -> SshSpec:

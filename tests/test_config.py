@@ -374,3 +374,51 @@ def test_a_rule_on_null_asks_whether_a_field_is_set() -> None:
     rule = vmis.subresources["usbredir"].requires[0]
     assert not rule.holds(None)
     assert rule.holds({}) and rule.holds(False) and rule.holds(0) and rule.holds("")
+
+
+def test_a_kind_names_several_consoles_each_inheriting_the_defaults_rules() -> None:
+    cfg = config.parse(
+        _one_console(
+            {
+                "endpoint": ".status.console",
+                "require": {".status.phase": ["Running"]},
+                "nodeLocal": True,
+                "consoles": {
+                    "serial1": {"endpoint": ".status.serial1", "keep": "always"},
+                    "sol": {"endpoint": ".status.sol", "require": {".status.bmc": ["up"]}},
+                },
+            }
+        )
+    )
+    parent = cfg.parent("x")
+    assert parent is not None
+    default, serial1, sol = parent.all_consoles()
+    assert (default.label, default.unit) == ("serial0", "")
+    assert (serial1.label, serial1.unit, serial1.keep) == ("serial1", "serial1", "always")
+    assert serial1.requires == default.requires and serial1.node_local
+    assert sol.requires == (config.Requirement(".status.bmc", ("up",)),)
+    assert parent.console() is default and parent.console("serial0") is default
+    assert parent.console("sol") is sol and parent.console("nosuch") is None
+    named = config.parse(_one_console({"endpoint": ".status.console", "name": "tty0"}))
+    assert named.parents[0].console("tty0") is named.parents[0].console()
+
+
+@pytest.mark.parametrize(
+    ("console", "words"),
+    [
+        ({"endpoint": ".a", "consoles": {"Serial1": {"endpoint": ".b"}}},
+         "'Serial1' is not a valid"),
+        ({"endpoint": ".a", "consoles": {"serial0": {"endpoint": ".b"}}},
+         "the default console is called serial0 already"),
+        ({"endpoint": ".a", "consoles": {"s1": {"endpoint": ".b", "slots": 1}}}, "unknown keys"),
+        ({"endpoint": ".a", "consoles": {"s1": {}}}, "console needs an `endpoint`"),
+        ({"endpoint": ".a", "consoles": {f"s{i}": {"endpoint": ".b"} for i in range(16)}},
+         "at most 16 consoles"),
+        ({"endpoint": ".a", "name": "../x"}, "console.name"),
+        ({"endpoint": ".status.a", "consoles": {"s1": {"endpoint": ".spec.b"}}},
+         "x.console s1 reads its backend from .spec.b"),
+    ],
+)  # fmt: skip
+def test_console_names_and_settings_are_checked(console: object, words: str) -> None:
+    with pytest.raises(config.ConfigError, match=re.escape(words)):
+        config.parse(_one_console(console))

@@ -166,7 +166,16 @@ def _console(parser: argparse.ArgumentParser) -> None:
         metavar="LINES",
         help="of a kept console's scrollback, replay only the last LINES lines",
     )
+    _console_name(parser)
     _group_version(parser)
+
+
+def _console_name(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--console",
+        metavar="NAME",
+        help="which of the machine's consoles (e.g. serial1; default: its default one)",
+    )
 
 
 def _port_forward(parser: argparse.ArgumentParser) -> None:
@@ -296,6 +305,7 @@ def _logs(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the output of the console's connection before it was last dialed again",
     )
+    _console_name(parser)
     _group_version(parser)
 
 

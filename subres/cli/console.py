@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 from typing import BinaryIO
+from urllib.parse import urlencode
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
@@ -61,14 +62,17 @@ async def _console(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
     sub = "console-observe" if ns.observe else "console"
-    query = f"?tail={ns.tail}" if ns.tail is not None else ""
-    address = api.object_url(config, target, group_version=group_version) + f"/{sub}{query}"
+    options = {"tail": ns.tail, "console": ns.console}
+    query = urlencode({k: v for k, v in options.items() if v is not None})
+    address = api.object_url(config, target, group_version=group_version) + f"/{sub}"
+    address += f"?{query}" if query else ""
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
     fd = sys.stdin.fileno()
     interactive = os.isatty(fd)
     if interactive:
         how = "Observing (read-only)" if ns.observe else "Connected to"
-        print(f"{how} {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
+        which = f" (console {ns.console})" if ns.console else ""
+        print(f"{how} {target}{which}. Escape with Ctrl+]", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     pacing = reconnect.Pacing()
     with terminal.raw_mode(fd) if interactive else contextlib.nullcontext():

@@ -56,6 +56,8 @@ def query(ns: argparse.Namespace) -> dict[str, str]:
         options["timestamps"] = "true"
     if ns.previous:
         options["previous"] = "true"
+    if ns.console:
+        options["console"] = ns.console
     return options
 
 

@@ -5,7 +5,10 @@ is the writer: one per machine, a newer one takes over. `console-observe`
 is an observer: read-only, any number, authorized as its own subresource so
 that RBAC can grant watching without typing; observers stay attached while
 writers come and go. Both accept `?tail=N` (lines of a kept console's
-scrollback to replay first).
+scrollback to replay first) and `?console=NAME`: which of the machine's
+consoles (`serial1`, `sol`…), each with its own writer, observers, keeper,
+scrollback and recording; none (what virtctl and every other client send)
+is the default one.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ async def observe(state: State, request: web.Request) -> web.StreamResponse:
 
 
 async def _serve(state: State, request: web.Request, *, mode: str) -> web.StreamResponse:
-    target = subresource.resolve(state, request, "console")
+    target = subresource.console(
+        subresource.resolve(state, request, "console"), request.query.get("console")
+    )
     url = subresource.endpoint_url(target)
     tail = _tail(request)
     writer = mode == session.WRITER

@@ -31,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
+from subres.config import ParentSpec
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.server import sharing, subresource
@@ -226,23 +227,29 @@ class Keeper:
         limits = self._state.config.consoles
         wanted: dict[SessionKey, Target] = {}
         for parent in self._state.config.parents:
-            spec = parent.subresources.get("console")
-            cache = self._state.caches.get(parent.resource)
-            if spec is None or spec.keep == "never" or cache is None:
-                continue
-            for obj in sorted(cache.objects(), key=_name):
-                if not spec.opted_in(spec.keep, obj, limits.keep_annotation):
-                    continue
-                namespace, name = _name(obj)
-                try:
-                    target = subresource.checked(self._state, parent, spec, namespace, name)
-                except StatusError:
-                    continue
+            for target in self._opted_in(parent):
                 if len(wanted) >= limits.max_kept:
                     self._warn(limits.max_kept)
                     return wanted
                 wanted[sharing.key(target)] = target
         return wanted
+
+    def _opted_in(self, parent: ParentSpec) -> Iterator[Target]:
+        """Each console of `parent`'s objects that opts in and passes its checks, in order."""
+        consoles = [c for c in parent.all_consoles() if c.keep != "never"]
+        cache = self._state.caches.get(parent.resource)
+        if not consoles or cache is None:
+            return
+        annotation = self._state.config.consoles.keep_annotation
+        for obj in sorted(cache.objects(), key=_name):
+            namespace, name = _name(obj)
+            for spec in consoles:
+                if not spec.opted_in(spec.keep, obj, annotation):
+                    continue
+                try:
+                    yield subresource.checked(self._state, parent, spec, namespace, name)
+                except StatusError:
+                    continue
 
     def _warn(self, limit: int) -> None:
         if not self._warned:

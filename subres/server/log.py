@@ -40,7 +40,7 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
         options = consolelog.parse(request.query, now_ns=time.time_ns())
     except consolelog.OptionError as exc:
         raise StatusError(400, str(exc)) from None
-    target = subresource.resolve(state, request, "console")
+    target = subresource.console(subresource.resolve(state, request, "console"), options.console)
     hub = _kept(state, target)
     assert hub.scrollback is not None
     excerpt = hub.scrollback.excerpt(previous=options.previous)

@@ -17,6 +17,7 @@ from subres.server.discovery import KINDS, VERBS, served
 __all__ = ["Specs", "build"]
 
 PRODUCES = {"screenshot": ["image/png"]}
+CONSOLE = "which of the machine's consoles (default: its default one)"
 LOG_PARAMETERS = (
     ("follow", "boolean", "keep the answer open and send new output as it arrives"),
     ("tailLines", "integer", "only the last this many lines"),
@@ -25,9 +26,11 @@ LOG_PARAMETERS = (
     ("limitBytes", "integer", "at most this many bytes in the answer"),
     ("timestamps", "boolean", "lead each line with the time its first byte arrived"),
     ("previous", "boolean", "the connection before the console was last dialed again"),
-    ("console", "string", "which of the machine's consoles (default: its first)"),
+    ("console", "string", CONSOLE),
 )
 """The query options of `log`, as `pods/log` has them (and `console`)."""
+CHOSEN = ("console", "console-observe")
+"""The streams that take `?console=`."""
 METHODS = {"get": "get", "create": "post"}
 
 
@@ -185,12 +188,13 @@ def _paths(config: Config, v3: bool) -> dict[str, Any]:
                 "parameters": _params(v3),
             }
             continue
+        chosen = [_param("console", CONSOLE, v3, where="query")] if sub in CHOSEN else []
         paths[path] = {
             **{
                 METHODS[verb]: _operation(config, kind, sub, METHODS[verb], v3)
                 for verb in VERBS.get(sub, ["get"])
             },
-            "parameters": _params(v3),
+            "parameters": [*_params(v3), *chosen],
         }
     prefix = f"/apis/{config.group}/{config.version}"
     for path, operation, where, namespaced in (
@@ -256,12 +260,24 @@ def _schemas(config: Config, v3: bool) -> dict[str, Any]:
     }
     return {
         _definition(config, "Session"): session,
-        _definition(config, "SessionList"): _list(config, "Session", "Live sessions.", v3),
+        _definition(config, "SessionList"): _sessions(config, v3),
         _definition(config, "Recording"): recording,
         _definition(config, "RecordingList"): _list(
             config, "Recording", "A machine's recorded console sessions, newest first.", v3
         ),
     }
+
+
+def _sessions(config: Config, v3: bool) -> dict[str, Any]:
+    """A SessionList; a machine's also names its consoles."""
+    schema = _list(config, "Session", "Live sessions.", v3)
+    consoles = "a machine's consoles, the default first (`?console=NAME` picks one)"
+    schema["properties"]["consoles"] = {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": consoles,
+    }
+    return schema
 
 
 def _list(config: Config, kind: str, what: str, v3: bool) -> dict[str, Any]:

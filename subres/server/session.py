@@ -199,8 +199,10 @@ class Live:
             hub,
             namespace=target.namespace,
             name=target.name,
-            title=f"{target.describe()} console",
+            title=f"{target.describe()} console"
+            + (f" {target.spec.unit}" if target.spec.unit else ""),
             who=f"{self.record.user} ({self.record.mode})",
+            unit=target.spec.unit,
         )
         self.record.recorded = True
         announce = getattr(self.backend, "announce", None)

@@ -27,13 +27,13 @@ from subres.server.state import State
 from subres.serving.units import human_age, human_bytes, rfc3339
 from subres.sessions.leases import UNIT_ANNOTATION, USER_ANNOTATION
 
-__all__ = ["COLUMNS", "for_machine", "for_namespace", "item"]
+__all__ = ["COLUMNS", "for_machine", "for_namespace", "item", "unit"]
 
 TABLE = "as=Table"
 COLUMNS = (
     ("Name", "string", "name", "The session's name."),
     ("Machine", "string", "", "The parent object."),
-    ("Subresource", "string", "", "console, vnc or portforward."),
+    ("Subresource", "string", "", "console (/its name, when several), vnc, usbredir/slot…"),
     ("Mode", "string", "", "writer, observer, viewer, forwarder or redirector."),
     ("User", "string", "", "Who opened it."),
     ("Client", "string", "", "The client address this replica saw."),
@@ -76,7 +76,8 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
         for e in _entries(state)
         if (e.record.kind, e.record.namespace, e.record.name) == (parent.kind, namespace, name)
     ]
-    return _answer(state, request, entries)
+    consoles = [c.label for c in parent.all_consoles()]
+    return _answer(state, request, entries, consoles=consoles)
 
 
 async def for_namespace(state: State, request: web.Request) -> web.Response:
@@ -135,7 +136,10 @@ def _micro_time(text: str) -> float:
     return moment.replace(tzinfo=datetime.UTC).timestamp()
 
 
-def _answer(state: State, request: web.Request, entries: list[Entry]) -> web.Response:
+def _answer(
+    state: State, request: web.Request, entries: list[Entry], *, consoles: list[str] | None = None
+) -> web.Response:
+    """The list (with a machine's: the names of its consoles, the default first)."""
     entries.sort(key=lambda e: (e.record.namespace, e.record.name, e.record.started))
     group_version = f"{state.config.group}/{state.config.version}"
     items = [item(state, e, group_version=group_version) for e in entries]
@@ -147,6 +151,7 @@ def _answer(state: State, request: web.Request, entries: list[Entry]) -> web.Res
             "apiVersion": group_version,
             "metadata": {"resourceVersion": ""},
             "items": items,
+            **({"consoles": consoles} if consoles is not None else {}),
         }
     return web.Response(
         body=json.dumps(body, separators=(",", ":")).encode(), content_type="application/json"
@@ -172,7 +177,7 @@ def item(state: State, entry: Entry, *, group_version: str) -> dict[str, Any]:
             "name": record.name,
         },
         "subresource": record.subresource,
-        "unit": record.unit,
+        "unit": unit(state, record),
         "mode": record.mode,
         "user": record.user,
         "dialect": record.dialect,
@@ -185,6 +190,15 @@ def item(state: State, entry: Entry, *, group_version: str) -> dict[str, Any]:
     }
 
 
+def unit(state: State, record: Record) -> str:
+    """Which console or USB slot: its name; the default console's only when there are others."""
+    if record.unit or record.subresource != "console":
+        return record.unit
+    parent = next((p for p in state.config.parents if p.kind == record.kind), None)
+    consoles = parent.all_consoles() if parent is not None else ()
+    return consoles[0].label if len(consoles) > 1 else ""
+
+
 def _table(items: list[dict[str, Any]], entries: list[Entry], *, now: float) -> dict[str, Any]:
     columns = [
         {"name": name, "type": kind, "format": fmt, "description": what, "priority": 0}
@@ -195,7 +209,7 @@ def _table(items: list[dict[str, Any]], entries: list[Entry], *, now: float) -> 
             "cells": [
                 obj["metadata"]["name"],
                 e.record.name,
-                e.record.subresource,
+                "/".join(filter(None, (e.record.subresource, obj["unit"]))),
                 e.record.mode,
                 e.record.user,
                 e.record.client or f"(on {e.replica})",

@@ -7,6 +7,7 @@ after `dial` succeeds may a handler change protocols.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "Target",
     "checked",
     "connect",
+    "console",
     "dial",
     "endpoint_url",
     "forward_url",
@@ -74,6 +76,25 @@ def checked(
     target = Target(parent, spec, namespace, name, obj)
     _check(spec.requires, obj, target.describe())
     return target
+
+
+def console(target: Target, name: str | None) -> Target:
+    """`target`, a console, as the parent's console called `name` (400 when it has none).
+
+    No name, or the default console's, is the default console. A console's own
+    state rules are checked as the default's were.
+    """
+    spec = target.parent.console(name or "")
+    if spec is None:
+        known = ", ".join(c.label for c in target.parent.all_consoles())
+        raise StatusError(
+            400, f"{target.describe()} has no console {(name or '')[:64]!r} (its consoles: {known})"
+        )
+    if spec is target.spec:
+        return target
+    chosen = dataclasses.replace(target, spec=spec)
+    _check(spec.requires, chosen.obj, chosen.describe())
+    return chosen
 
 
 def lookup(state: State, request: web.Request, parent: ParentSpec) -> Mapping[str, Any]:

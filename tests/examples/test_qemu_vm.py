@@ -77,6 +77,12 @@ def example_policy(state: Path) -> dict[str, Any]:
     return {**config["endpointPolicy"], "socketDirs": [str(state)]}
 
 
+def example_parents() -> dict[str, Any]:
+    """examples/qemu-vm/config.yaml's parent kinds: Machines with two consoles."""
+    config: dict[str, Any] = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    return {"parents": config["parents"]}
+
+
 @dataclass(frozen=True)
 class Vm:
     """The example's VM, running: where its sockets are, its forwarded port, its PID."""
@@ -127,9 +133,9 @@ async def read_until(ws: ClientConnection, pattern: re.Pattern[bytes]) -> bytes:
     return seen
 
 
-def console(subres: Standalone) -> connect:
+def console(subres: Standalone, query: str = "", *, sub: str = "console") -> connect:
     return connect(
-        subres.url("vm1"),
+        subres.url("vm1", sub) + query,
         ssl=subres.client_ssl,
         additional_headers=subres.auth,
         subprotocols=[Subprotocol("plain.kubevirt.io")],
@@ -176,7 +182,10 @@ async def test_real_vm_console_screenshot_and_port_forward(vm: Vm, tmp_path: Pat
     state, port = vm.state, vm.port
     async with (
         start_standalone(
-            tmp_path, example_machine(state, port), policy=example_policy(state)
+            tmp_path,
+            example_machine(state, port),
+            policy=example_policy(state),
+            config=example_parents(),
         ) as subres,
         console(subres) as ws,
     ):
@@ -247,3 +256,57 @@ async def test_virtctl_usbredir_reaches_qemus_device_through_the_kubevirt_profil
         ) as subres:
             virtctl = Virtctl(virtctl_bin, subres.kubeconfig(), tmp_path)
             await virtctl.usbredir_takeover("vm1", device=QEMU_HELLO, slots=1)
+
+
+async def typed(ws: ClientConnection, command: bytes, answer: bytes) -> bytes:
+    """Type `command` (then Enter) and read up to the line `answer`."""
+    await ws.send(command + b"\r")
+    async with asyncio.timeout(30):
+        return await read_until(ws, re.compile(rb"\r\n" + re.escape(answer) + rb"\r\n"))
+
+
+async def test_two_serial_ports_each_with_its_own_writer_observer_recording_and_log(
+    vm: Vm, tmp_path: Path
+) -> None:
+    machine = example_machine(vm.state, vm.port)
+    machine["metadata"]["annotations"] = {
+        "subres.dev/keep-console": "true",
+        "subres.dev/record-console": "true",
+    }
+    recordings = tmp_path / "recordings"
+    async with start_standalone(
+        tmp_path,
+        machine,
+        policy=example_policy(vm.state),
+        config={**example_parents(), "consoles": {"recordings": {"directory": str(recordings)}}},
+    ) as subres:
+        async with (
+            console(subres) as serial0,
+            console(subres, "?console=serial1") as serial1,
+            console(subres, sub="console-observe") as watching0,
+            console(subres, "?console=serial1", sub="console-observe") as watching1,
+        ):
+            await shell_computes(serial0)  # the kernel's console, with a shell on it
+            await serial1.send(b"\r")
+            async with asyncio.timeout(BOOT_TIMEOUT):
+                await read_until(serial1, re.compile(re.escape(PROMPT)))  # the getty's shell
+            await typed(serial1, b"tty", b"/dev/ttyS1")
+            await typed(serial0, b"tty", b"/dev/ttyS0")
+            # The kernel writes its messages to serial0 only (console=ttyS0).
+            await serial1.send(b'echo "<3>subres: $((6*7)) from the kernel" >/dev/kmsg\r')
+            async with asyncio.timeout(30):
+                seen0 = await read_until(watching0, re.compile(rb"subres: 42 from the kernel"))
+            await serial1.send(b"echo done-$((1+1))\r")
+            async with asyncio.timeout(30):
+                seen1 = await read_until(watching1, re.compile(rb"\r\ndone-2\r\n"))
+        assert b"/dev/ttyS0" in seen0 and b"/dev/ttyS1" not in seen0
+        assert b"/dev/ttyS1" in seen1 and b"/dev/ttyS0" not in seen1
+        assert b"42 from the kernel" not in seen1
+        logs = [await https_get(subres, f"log{query}") for query in ("", "?console=serial1")]
+        assert [status for status, _ in logs] == [200, 200]
+        assert b"subres: 42 from the kernel" in logs[0][1] and b"/dev/ttyS1" in logs[1][1]
+        assert b"subres: 42 from the kernel" not in logs[1][1]
+        await subres.server.state.recordings.stop()
+    casts = {p.name.split("-")[1]: p.read_text() for p in recordings.glob("default/vm1/*.cast")}
+    assert set(casts) == {"serial1", *casts} and len(casts) == 2, casts
+    assert "/dev/ttyS1" in casts["serial1"] and "/dev/ttyS0" not in casts["serial1"]

@@ -271,14 +271,16 @@ _KEYS = {
     "": ["group", "version", "parents", "endpointPolicy", "session", "endpointsFromSpec"],
     "parents": ["resource", "kind", "source", "subresources", "instance", "singular"],
     "source": ["group", "version", "resource"],
-    "subresources": ["console", "vnc", "screenshot", "portforward", "other"],
-    "console": ["endpoint", "address", "ports", "require", "ssh"],
+    "subresources": ["console", "vnc", "screenshot", "portforward", "usbredir", "other"],
+    "console": ["endpoint", "address", "ports", "require", "ssh", "name", "consoles", "slots"],
+    "consoles": ["serial1", "sol", "serial0", "Bad", "console"],
     "ssh": ["credentials", "hostKey", "command", "term", "via"],
     "endpointPolicy": ["schemes", "allowCIDRs", "denyCIDRs", "socketDirs"],
     "session": ["pingInterval", "readSize", "screenshotMaxPixels", "screenshotConcurrency"],
 }
 _LEAVES: list[Any] = [
     ".status.a", ".spec.a", "unix:///run/{.metadata.uid}/s", "any", "10.0.0.0/8", "::/0",
+    "unix:///run/{.metadata.uid}/usb-{slot}", "serial1", 4,
     "bad/99", 0, -1, 1, 1.5, True, None, "", [], {}, 1e400, "{", ".a[", [".status.phase"],
 ]  # fmt: skip
 
