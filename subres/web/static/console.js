@@ -1,5 +1,6 @@
 // The console tab: xterm.js over a Kubernetes channel WebSocket (v5, or v4), as the
-// writer or as a read-only observer (console-observe) when someone else writes.
+// writer or as a read-only observer (console-observe) when someone else writes, to
+// whichever of the machine's consoles the picker names (`?console=NAME`).
 import { Terminal } from './vendor/xterm/xterm.mjs';
 import { FitAddon } from './vendor/addon-fit/addon-fit.mjs';
 import { choose, holder } from './sharing.js';
@@ -12,6 +13,7 @@ export class ConsoleView {
     this.element = element;
     this.urls = { writer: url, observer: observeUrl };
     this.mode = 'writer';
+    this.unit = '';
     this.protocols = [...SUBPROTOCOLS, ...auth];
     this.onStatus = onStatus;
     this.encoder = new TextEncoder();
@@ -32,17 +34,32 @@ export class ConsoleView {
   }
 
   // Connect as the writer, unless someone else writes: then ask whether to take over or watch.
-  async start(presence) {
-    const held = holder(await presence.read(), 'console');
+  // `unit`: which console, by name, when the machine has several ('' otherwise).
+  async start(presence, unit = this.unit) {
+    const items = await presence.read();
+    this.unit = unit || (presence.consoles.length > 1 ? presence.consoles[0] : '');
+    const held = holder(items, 'console', this.unit);
     const mode = held ? await choose(this.element, held, { watch: 'Observe' }) : 'writer';
     this.connect(mode);
+  }
+
+  // Leave the console shown for another of the machine's (the picker changed).
+  async switchTo(presence, unit) {
+    if (this.ws !== null) {
+      this.ws.onclose = null;
+      this.ws.close();
+      this.ws = null;
+    }
+    this.terminal.reset();
+    await this.start(presence, unit);
   }
 
   connect(mode = this.mode) {
     this.mode = mode;
     this.onStatus('connecting', 'connecting');
     this.failure = '';
-    const ws = new WebSocket(this.urls[mode], this.protocols);
+    const url = this.urls[mode] + (this.unit ? `?console=${encodeURIComponent(this.unit)}` : '');
+    const ws = new WebSocket(url, this.protocols);
     ws.binaryType = 'arraybuffer';
     ws.onopen = () => {
       const observing = mode === 'observer';
