@@ -18,7 +18,7 @@ from subres.server.subresource import Target
 from subres.sessions.hub import Feed, Hub, KeptPort, Tee
 from subres.sessions.registry import SessionKey
 
-__all__ = ["hub", "keeper_key", "key", "observe", "write"]
+__all__ = ["hub", "keeper_key", "keeps_scrollback", "key", "observe", "write"]
 
 
 def keeper_key(target: Target) -> SessionKey:
@@ -44,6 +44,12 @@ async def write(state: State, target: Target, url: str, *, tail: int | None) -> 
 def observe(state: State, target: Target, *, tail: int | None) -> Feed:
     """An observer's share of the console."""
     return hub(state, target).attach(tail=tail)
+
+
+def keeps_scrollback(state: State, target: Target) -> bool:
+    """Whether `target`'s console is kept here, with output to replay (`?tail=`)."""
+    kept = state.sessions.hubs.get(key(target))
+    return kept is not None and kept.scrollback is not None
 
 
 def hub(state: State, target: Target) -> Hub:

@@ -24,7 +24,7 @@ from aiohttp import web
 from subres import fields
 from subres.config import slot_source
 from subres.kube.status import StatusError
-from subres.server import session, streaming, subresource
+from subres.server import handshake, session, streaming, subresource
 from subres.server.state import State
 from subres.server.subresource import Target
 
@@ -37,9 +37,14 @@ SUBPROTOCOLS = ("", "plain.kubevirt.io", "binary")
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """Check, negotiate, pick a slot, dial it, then upgrade and relay."""
     target = subresource.resolve(state, request, "usbredir")
+    choices = slots(target)
+    if handshake.dry_run(request):  # every check, and the policy on every slot; no dial
+        for slot, url in choices:
+            await subresource.vet(state, slot, url)
+        return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "usbredir", SUBPROTOCOLS)
     preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
-    slot, url = _choose(state, target, slots(target), preserve=preserve)
+    slot, url = _choose(state, target, choices, preserve=preserve)
     backend = await subresource.connect(state, slot, url)
     return await streaming.serve(
         state,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from subres.server import session, streaming, subresource
+from subres.server import handshake, session, streaming, subresource
 from subres.server.state import State
 from subres.sessions.viewer import GuardedDisplay
 
@@ -42,6 +42,9 @@ async def _view(
 ) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
+    if handshake.dry_run(request):  # `subres vnc` checks before it listens
+        await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
     if preserve and state.sessions.active(session.key(target)):
         raise session.busy(target)  # without dialing; `session.hold` decides for certain

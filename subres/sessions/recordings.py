@@ -58,6 +58,7 @@ class Recordings:
         self._recorders: list[Recorder] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._pruned = 0.0
 
     def wanted(self, spec: SubresourceSpec, obj: Mapping[str, Any]) -> bool:
@@ -104,19 +105,25 @@ class Recordings:
 
     def _start(self) -> None:
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.create_task(self._write(), name="recordings")
 
     async def stop(self) -> None:
-        """Write what is left, then stop."""
+        """Write what is left, then stop.
+
+        The writer is asked to finish, not cancelled: a cancelled writer would
+        leave its last flush running in its thread after `stop` returned.
+        """
         if self._task is None:
             return
-        self._task.cancel()
-        await asyncio.wait([self._task])
+        self._stopping = True
+        self._wake.set()
+        await self._task
         self._task = None
         await asyncio.to_thread(self._flush, self._jobs(), prune=self.directory is not None)
 
     async def _write(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async with asyncio.timeout(FLUSH_INTERVAL):
                     await self._wake.wait()

@@ -201,6 +201,19 @@ async def test_a_stopped_machine_or_unknown_dialect_is_refused(
     assert echo.accepted == 0
 
 
+async def test_a_dry_run_checks_every_slot_and_dials_none(tmp_path: Path, slots: Slots) -> None:
+    urls = await slots.start(2)
+    machines = usb_machine("vm1", urls), usb_machine("bad", [urls[0], "tcp://169.254.169.254:1"])
+    async with start_standalone(tmp_path, *machines) as subres, aiohttp.ClientSession() as http:
+        answers = []
+        for name in ("vm1", "bad"):
+            address = subres.url(name, "usbredir", scheme="https") + "?dryRun=All"
+            async with http.get(address, ssl=subres.client_ssl, headers=subres.auth) as response:
+                answers.append((response.status, (await response.json())["status"]))
+    assert answers == [(200, "Success"), (403, "Failure")]
+    assert [b.accepted for b in slots.backends] == [0, 0]
+
+
 async def test_audit_and_the_sessions_list_name_the_slot(tmp_path: Path, slots: Slots) -> None:
     urls = await slots.start(2)
     async with start_standalone(tmp_path, usb_machine("vm1", urls)) as subres:
