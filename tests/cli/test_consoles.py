@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pexpect  # type: ignore[import-untyped]
 import pytest
 
-from tests.cli.conftest import CLI_TIMEOUT, run_cli_async
+from tests.cli.conftest import CLI_TIMEOUT, cli, cli_env, run_cli_async
 from tests.server.test_consoles import TWO_CONSOLES, _tagged, two
 from tests.support import Backend, Standalone, start_standalone
 
@@ -75,3 +76,31 @@ async def test_logs_reads_the_console_named(subres: Standalone, tmp_path: Path) 
             await asyncio.sleep(0.05)  # nothing signals the keeper's delivery to another process
     assert out == b"serial1 up\n"
     assert (await run(subres, "logs", "kept", home=tmp_path))[1] == b"serial0 up\n"
+
+
+async def test_the_takeover_question_is_about_the_console_picked(
+    subres: Standalone, tmp_path: Path
+) -> None:
+    async def spawn(*flags: str) -> Any:
+        argv = cli("--kubeconfig", subres.kubeconfig(), "console", "vm1", *flags)
+        env = cli_env(tmp_path)
+        return pexpect.spawn(argv[0], argv[1:], env=env, timeout=CLI_TIMEOUT, dimensions=(24, 80))
+
+    async def expect(child: Any, pattern: object) -> None:
+        await asyncio.to_thread(child.expect, pattern)
+
+    bob = subres.websocket(subres.url("vm1") + "?console=serial1", "v5.channel.k8s.io", user="bob")
+    async with bob:
+        # bob writes on serial1: the default console is free, nobody is asked.
+        free = await spawn()
+        try:
+            await expect(free, "Connected to machine/vm1")
+        finally:
+            free.close(force=True)
+        held = await spawn("--console", "serial1")
+        try:
+            await expect(held, rb"In use by bob since \d\d:\d\d .+ take over\? \[y/N/o\(bserve\)\]")
+            held.sendline("")
+            await expect(held, "left the console of machine/vm1 to bob")
+        finally:
+            held.close(force=True)
