@@ -9,32 +9,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.browser import cdp
 from tests.browser.test_console import CONNECTED, TERMINAL, buffer_has
-from tests.server.test_consoles import TWO_CONSOLES, two
+from tests.server.test_consoles import TWO_CONSOLES, tagged, two
 from tests.support import Backend, Standalone, start_standalone
 
 PICKER = "document.getElementById('consoles')"
 
 
-def _tagged(tag: bytes) -> Any:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(tag + data)
-            await writer.drain()
-
-    return handle
-
-
 @pytest.fixture
 async def subres(tmp_path: Path, browser_ready: None) -> AsyncIterator[Standalone]:
     serials = (
-        await Backend(handler=_tagged(b"<zero>")).start_tcp(),
-        await Backend(handler=_tagged(b"<one>")).start_tcp(),
+        await Backend(handler=tagged(b"<zero>")).start_tcp(),
+        await Backend(handler=tagged(b"<one>")).start_tcp(),
     )
     page = {"authorization_always_allow_paths": ("/readyz", "/ui", "/ui/*")}
     async with start_standalone(

@@ -15,14 +15,14 @@ import pexpect  # type: ignore[import-untyped]
 import pytest
 
 from tests.cli.conftest import CLI_TIMEOUT, cli, cli_env, run_cli_async
-from tests.server.test_consoles import TWO_CONSOLES, _tagged, two
+from tests.server.test_consoles import TWO_CONSOLES, tagged, two
 from tests.support import Backend, Standalone, start_standalone
 
 KEEP = {"subres.dev/keep-console": "true"}
 
 
 def _greeting(hello: bytes, tag: bytes) -> Any:
-    echo = _tagged(tag)
+    echo = tagged(tag)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(hello)

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection
 
@@ -42,7 +41,9 @@ TWO_CONSOLES = {
 }
 
 
-def _tagged(tag: bytes) -> Any:
+def tagged(tag: bytes) -> Any:
+    """An echo console that says which it is: `tag` before every chunk it sends back."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while data := await reader.read(65536):
             writer.write(tag + data)
@@ -53,8 +54,8 @@ def _tagged(tag: bytes) -> Any:
 
 @pytest.fixture
 async def serials() -> AsyncIterator[tuple[Backend, Backend]]:
-    zero = await Backend(handler=_tagged(b"[ttyS0]")).start_tcp()
-    one = await Backend(handler=_tagged(b"[ttyS1]")).start_tcp()
+    zero = await Backend(handler=tagged(b"[ttyS0]")).start_tcp()
+    one = await Backend(handler=tagged(b"[ttyS1]")).start_tcp()
     yield zero, one
     await asyncio.gather(zero.stop(), one.stop())
 
@@ -155,23 +156,13 @@ async def test_every_console_is_kept_logged_and_recorded_on_its_own(
 
 async def log(subres: Standalone, name: str, console: str) -> bytes:
     query = f"?console={console}" if console else ""
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(
-            subres.url(name, "log", scheme="https") + query,
-            ssl=subres.client_ssl,
-            headers=subres.auth,
-        ) as response,
-    ):
-        assert response.status == 200, await response.text()
-        return await response.read()
+    status, _, body = await subres.fetch(subres.url(name, "log", scheme="https") + query)
+    assert status == 200, body
+    return body
 
 
 async def get_json(subres: Standalone, address: str) -> dict[str, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(address, ssl=subres.client_ssl, headers=subres.auth) as response,
-    ):
-        assert response.status == 200, await response.text()
-        body: dict[str, Any] = await response.json()
-        return body
+    status, _, body = await subres.fetch(address)
+    assert status == 200, body
+    parsed: dict[str, Any] = json.loads(body)
+    return parsed

@@ -36,16 +36,7 @@ async def subres(tmp_path: Path, serial: Backend) -> AsyncIterator[Standalone]:
 
 
 async def get(subres: Standalone, name: str, query: str = "") -> tuple[int, str, bytes]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(
-            subres.url(name, "log", scheme="https") + query,
-            ssl=subres.client_ssl,
-            headers=subres.auth,
-            timeout=aiohttp.ClientTimeout(total=TIMEOUT),
-        ) as response,
-    ):
-        return response.status, response.headers.get("Content-Type", ""), await response.read()
+    return await subres.fetch(subres.url(name, "log", scheme="https") + query)
 
 
 async def logged(subres: Standalone, text: bytes, query: str = "") -> bytes:

@@ -17,9 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
-from tests.support import Backend, Standalone, machine, start_standalone, wait_for
+from tests.consoles import closed
+from tests.server.test_consoles import get_json, tagged
+from tests.support import Backend, machine, start_standalone, wait_for
 
 TIMEOUT = 10.0
 KUBEVIRT = "plain.kubevirt.io"
@@ -33,20 +34,13 @@ class Slots:
 
     async def start(self, count: int) -> list[str]:
         for index in range(count):
-            self.backends.append(await Backend(handler=_tagged(index)).start_tcp())
+            self.backends.append(
+                await Backend(handler=tagged(f"slot{index}:".encode())).start_tcp()
+            )
         return [b.url for b in self.backends]
 
     async def stop(self) -> None:
         await asyncio.gather(*(b.stop() for b in self.backends))
-
-
-def _tagged(index: int) -> Any:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(f"slot{index}:".encode() + data)
-            await writer.drain()
-
-    return handle
 
 
 @pytest.fixture
@@ -67,15 +61,6 @@ async def answer(ws: ClientConnection, payload: bytes) -> bytes:
         message = await ws.recv()
     assert isinstance(message, bytes)
     return message
-
-
-async def closed(ws: ClientConnection) -> tuple[int | None, str]:
-    async with asyncio.timeout(TIMEOUT):
-        with pytest.raises(ConnectionClosed):
-            while True:
-                await ws.recv()
-    assert ws.close_code is not None
-    return ws.close_code, ws.close_reason or ""
 
 
 async def test_each_client_gets_a_free_slot_then_takes_over_the_oldest(
@@ -112,25 +97,10 @@ async def test_each_client_gets_a_free_slot_then_takes_over_the_oldest(
 
 async def test_bytes_pass_both_ways_intact(tmp_path: Path) -> None:
     echo = await Backend().start_tcp()
-    payload = os.urandom(3 << 20)
+    payload = os.urandom(512 << 10)
     try:
-        async with (
-            start_standalone(tmp_path, usb_machine("vm1", echo.url)) as subres,
-            subres.websocket(subres.url("vm1", "usbredir"), KUBEVIRT) as ws,
-        ):
-
-            async def send() -> None:
-                for at in range(0, len(payload), 1 << 16):
-                    await ws.send(payload[at : at + (1 << 16)])
-
-            sending = asyncio.create_task(send())
-            got = b""
-            async with asyncio.timeout(30):
-                while len(got) < len(payload):
-                    message = await ws.recv()
-                    assert isinstance(message, bytes)
-                    got += message
-                await sending
+        async with start_standalone(tmp_path, usb_machine("vm1", echo.url)) as subres:
+            got = await subres.echoed(subres.url("vm1", "usbredir"), payload, KUBEVIRT)
     finally:
         await echo.stop()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(payload).hexdigest()
@@ -154,7 +124,8 @@ async def test_the_cap_limits_how_many_slots_a_machine_offers(tmp_path: Path, sl
 
 async def test_a_template_names_each_slot(tmp_path: Path) -> None:
     backends = [
-        await Backend(handler=_tagged(i)).start_unix(tmp_path / f"vm1-usb-{i}") for i in (0, 1)
+        await Backend(handler=tagged(f"slot{i}:".encode())).start_unix(tmp_path / f"vm1-usb-{i}")
+        for i in (0, 1)
     ]
     parents = _machines_with({"endpoint": f"unix://{tmp_path}/{{.metadata.name}}-usb-{{slot}}"})
     try:
@@ -220,7 +191,7 @@ async def test_audit_and_the_sessions_list_name_the_slot(tmp_path: Path, slots: 
         url = subres.url("vm1", "usbredir")
         async with subres.websocket(url) as first, subres.websocket(url, user="bob") as second:
             assert await answer(second, b"x") == b"slot1:x"
-            listing = await subres_get(subres, subres.url("vm1", "sessions", scheme="https"))
+            listing = await get_json(subres, subres.url("vm1", "sessions", scheme="https"))
             held = sorted(
                 (i["user"], i["subresource"], i["unit"], i["mode"]) for i in listing["items"]
             )
@@ -235,16 +206,6 @@ async def test_audit_and_the_sessions_list_name_the_slot(tmp_path: Path, slots: 
         ("alice", "0", "redirector"),
         ("bob", "1", "redirector"),
     ]
-
-
-async def subres_get(subres: Standalone, url: str) -> dict[str, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(url, ssl=subres.client_ssl, headers=subres.auth) as response,
-    ):
-        assert response.status == 200, await response.text()
-        body: dict[str, Any] = await response.json()
-        return body
 
 
 def _machines_with(usbredir: dict[str, Any]) -> dict[str, Any]:
