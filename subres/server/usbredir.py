@@ -22,7 +22,7 @@ import math
 from aiohttp import web
 
 from subres import fields
-from subres.config import slot_source
+from subres.config import SLOT, slot_source
 from subres.kube.status import StatusError
 from subres.server import handshake, session, streaming, subresource
 from subres.server.state import State
@@ -67,7 +67,7 @@ def slots(target: Target) -> list[tuple[Target, str]]:
     """
     spec = target.spec
     try:
-        if "{slot}" in spec.endpoint:
+        if SLOT in spec.endpoint:
             urls = [
                 fields.read(slot_source(spec.endpoint, i), target.obj) for i in range(spec.slots)
             ]

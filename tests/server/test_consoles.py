@@ -17,6 +17,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection
 
 from tests.consoles import stdout_until
+from tests.server.kubepeer import start_exec
 from tests.support import Backend, Standalone, machine, start_standalone, wait_for
 
 V5 = "v5.channel.k8s.io"
@@ -166,3 +167,20 @@ async def get_json(subres: Standalone, address: str) -> dict[str, Any]:
     assert status == 200, body
     parsed: dict[str, Any] = json.loads(body)
     return parsed
+
+
+@pytest.mark.parametrize("transport", ["spdy", "websocket"])
+async def test_client_go_picks_a_console_in_either_dialect(
+    subres: Standalone, kubepeer_bin: Path, transport: str
+) -> None:
+    proc = await start_exec(
+        kubepeer_bin, subres, "vm1", transport=transport, sub="console?console=serial1"
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"through client-go\n")
+        async with asyncio.timeout(TIMEOUT):
+            assert await proc.stdout.readexactly(25) == b"[ttyS1]through client-go\n"
+    finally:
+        proc.kill()
+        await proc.wait()
