@@ -10,37 +10,100 @@ does) and sends new output as it arrives, across redials, until the console
 is let go, the reader falls more than `session.observerBacklog` behind, or
 the server drains. `console` picks one of the machine's consoles.
 
-Only a kept console has a log: the keeper's scrollback is what is read. A
-console that is not kept is a 400 saying how to keep it; one kept by
-another replica a 503.
+Only a kept console has a log: the keeper's scrollback is what is read, on
+the replica that owns the console (`sessions.members`). Any other replica
+streams the owner's answer through (`owned`, the peer port's
+`GET /peer/v1/log/…`). A console that is not kept is a 400 saying how to
+keep it.
 """
 
 from __future__ import annotations
 
 import time
+from urllib.parse import quote
 
 from aiohttp import web
 
+from subres.backends.agent import status_message
 from subres.kube.status import StatusError
 from subres.protocol import consolelog
-from subres.server import sharing, subresource
+from subres.server import subresource
 from subres.server.state import State
-from subres.server.subresource import Target
 from subres.sessions.follower import Follower
 from subres.sessions.hub import Hub
+from subres.sessions.peer import NOT_OWNER
+from subres.sessions.target import Target, key
 
-__all__ = ["handle"]
+__all__ = ["handle", "owned"]
 
 TEXT = "text/plain; charset=utf-8"
+MAX_REFUSAL = 64 << 10
+"""The largest refusal (a Status) read from the owner."""
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
-    """The log, whole or followed."""
+    """The log, here or from the console's owner."""
+    options, target = _asked(state, request)
+    owner = state.owners.owner(key(target))
+    if owner is None:
+        raise StatusError(503, f"no replica serves the {key(target)} yet; try again shortly")
+    if owner != state.replica:
+        return await _relayed(state, request, target, owner)
+    return await _answer(state, request, target, options)
+
+
+async def owned(state: State, request: web.Request) -> web.StreamResponse:
+    """The log of a console this replica owns, asked by another replica (421 if it does not)."""
+    options, target = _asked(state, request)
+    if not state.owners.mine(key(target)):
+        raise StatusError(NOT_OWNER, f"the replica {state.replica} does not own the {key(target)}")
+    return await _answer(state, request, target, options)
+
+
+def _asked(state: State, request: web.Request) -> tuple[consolelog.LogOptions, Target]:
     try:
         options = consolelog.parse(request.query, now_ns=time.time_ns())
     except consolelog.OptionError as exc:
         raise StatusError(400, str(exc)) from None
-    target = subresource.console(subresource.resolve(state, request, "console"), options.console)
+    target = subresource.resolve(state, request, "console")
+    return options, subresource.console(target, options.console)
+
+
+async def _relayed(
+    state: State, request: web.Request, target: Target, owner: str
+) -> web.StreamResponse:
+    """The owner's answer, passed on as it comes."""
+    address = state.owners.addresses.get(owner)
+    if address is None:
+        raise StatusError(503, f"the replica {owner} owning the {key(target)} has no address")
+    names = "/".join(
+        quote(p, safe="") for p in (target.parent.resource, target.namespace, target.name)
+    )
+    path = f"/peer/v1/log/{names}" + (f"?{request.query_string}" if request.query_string else "")
+    response = web.StreamResponse(headers={"Content-Type": TEXT})
+    try:
+        async with state.peers.opened(address, path) as answer:
+            if answer.status != 200:
+                body = await answer.content.read(MAX_REFUSAL)
+                code = 503 if answer.status == NOT_OWNER else answer.status
+                raise StatusError(code, status_message(body) or f"{owner} answered {answer.status}")
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+    except OSError as exc:
+        if not response.prepared:
+            where = f"the replica {owner}, which owns this console"
+            raise StatusError(503, f"cannot reach {where}: {exc}") from None
+        # Lost mid-answer: the log ends here, as a kubelet's does when its container goes.
+    await response.write_eof()
+    return response
+
+
+async def _answer(
+    state: State, request: web.Request, target: Target, options: consolelog.LogOptions
+) -> web.StreamResponse:
+    """The log from this replica's keeper: whole, or followed."""
     hub = _kept(state, target)
     assert hub.scrollback is not None
     excerpt = hub.scrollback.excerpt(previous=options.previous)
@@ -87,13 +150,9 @@ def _follow(state: State, request: web.Request, hub: Hub) -> Follower:
 
 def _kept(state: State, target: Target) -> Hub:
     """The hub of `target`'s kept console (400 when it is not kept, saying how to keep it)."""
-    hub = state.sessions.hubs.get(sharing.key(target))
+    hub = state.sessions.hubs.get(key(target))
     if hub is not None and hub.keeper is not None and hub.scrollback is not None:
         return hub
-    if state.sessions.active(sharing.keeper_key(target)):
-        raise StatusError(
-            503, f"{target.describe()}: another replica keeps this console; try again"
-        )
     spec, parent = target.spec, target.parent
     consoles = state.config.consoles
     if spec.keep == "never":

@@ -32,8 +32,9 @@ from typing import Any
 from subres.config import ConsolesSpec, SubresourceSpec
 from subres.sessions.hub import Hub
 from subres.sessions.recorder import Recorder
+from subres.sessions.target import Target
 
-__all__ = ["BANNER", "FILE_NAME", "Recordings"]
+__all__ = ["BANNER", "FILE_NAME", "Recordings", "title"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class Recordings:
             if hub.scrollback is not None:
                 # What a kept console replays to the first to attach is part of what they saw.
                 recorder.output(hub.scrollback.tail())
+            for note in hub.notes:
+                recorder.marker(note)
+            hub.notes.clear()
         recorder.attached += 1
         recorder.marker(f"{who} attached")
 
@@ -178,6 +182,12 @@ class Recordings:
                 continue
             log.info("deleted old recording %s (recordings over their cap)", path)
             total -= size
+
+
+def title(target: Target) -> str:
+    """A recording's title: `Machine default/vm1 console` (`… console serial1` for another)."""
+    unit = f" {target.spec.unit}" if target.spec.unit else ""
+    return f"{target.describe()} console{unit}"
 
 
 def _recorder(hub: Hub) -> Recorder | None:

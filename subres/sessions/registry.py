@@ -14,10 +14,10 @@ session to its claim; `end` unbinds it and `release` gives the slot up.
 Observers are live sessions without a slot: they read a console's `Hub`,
 which outlives any one writer (`hubs`, made on demand, forgotten when idle).
 
-Standalone, the slots are this table alone. In cluster mode a `Shared` lock
-(session Leases, `subres.sessions.leases`) makes them hold across replicas:
-`claim` first writes the Lease, and the lock calls `taken_over` when another
-replica's session took a slot this one held.
+Slots are held only by the replica that owns their unit
+(`sessions.members`); sessions fronted elsewhere hold theirs here through a
+peer session (`sessions.peer`). When the members change, `moved` ends the
+sessions of the units this replica no longer owns.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -34,6 +33,7 @@ from subres.engine.websocket import CloseCode
 from subres.sessions.hub import Hub
 
 __all__ = [
+    "OWNED_TOGETHER",
     "UNIT_WORDS",
     "Busy",
     "Claim",
@@ -41,21 +41,22 @@ __all__ = [
     "LiveSession",
     "SessionKey",
     "Sessions",
-    "Shared",
 ]
 
 
 UNIT_WORDS = {"usbredir": "slot "}
 """How a unit is named in words where its bare name says too little (`usbredir slot 0`)."""
+OWNED_TOGETHER = frozenset({"usbredir"})
+"""Subresources whose units of one machine one replica owns together (it picks among them)."""
 
 
 @dataclass(frozen=True)
 class SessionKey:
-    """One shared unit of a machine: a console (by name), its display, a USB slot.
+    """One unit of a machine: a console (by name), its display, a USB slot.
 
-    The one description of a unit: exclusive slots and hubs are keyed by it,
-    session Leases are named from its `parts`, takeovers name it in words.
-    Build it from a request's target with `server.session.key`.
+    A unit is one exclusive session slot, and what one replica owns
+    (`sessions.members`): every replica derives the same owner from it. Build
+    it from a request's target with `sessions.target.key`, the one place.
     """
 
     resource: str
@@ -67,11 +68,6 @@ class SessionKey:
     """Which of the machine's units of this subresource: a console's name (`serial1`), a
     usbredir slot's number (`0`); "" for a machine's only one, or its default console."""
 
-    def parts(self) -> tuple[str, ...]:
-        """What identifies the unit, in order; the unit only when there is one."""
-        whole = (self.resource, self.subresource, self.namespace, self.name)
-        return (*whole, self.unit) if self.unit else whole
-
     def role(self, subresource: str) -> SessionKey:
         """The same unit under another slot name (`console-keeper`: who keeps a console)."""
         return replace(self, subresource=subresource)
@@ -81,6 +77,15 @@ class SessionKey:
         if self.unit:
             what += f" {UNIT_WORDS.get(self.subresource, '')}{self.unit}"
         return f"{what} of {self.namespace}/{self.name}"
+
+    def hashed(self) -> bytes:
+        """The key as bytes for rendezvous hashing: the same on every replica.
+
+        A machine's USB slots are owned together: one replica chooses among them.
+        """
+        unit = "" if self.subresource in OWNED_TOGETHER else self.unit
+        parts = (self.resource, self.subresource, self.namespace, self.name, unit)
+        return "\0".join(parts).encode()
 
 
 class Closable(Protocol):
@@ -122,39 +127,12 @@ class Claim:
     """When the claim was made (the local clock): the oldest is taken over first."""
 
 
-class Shared(Protocol):
-    """Exclusive slots shared with other replicas."""
-
-    def held(self, key: SessionKey) -> bool:
-        """True while a fresh holder (of any replica) holds `key`, as last seen."""
-        ...
-
-    async def acquire(self, claim: Claim, *, preserve: bool) -> None:
-        """Take the slot for `claim`; `Busy` when `preserve` and someone fresh holds it.
-
-        Raises `StatusError` when the replicas cannot be coordinated.
-        """
-        ...
-
-    def release(self, claim: Claim) -> None:
-        """Give the slot up (in the background) unless it was taken since."""
-        ...
-
-    def on_taken_over(self, notify: Callable[[Claim, str], None]) -> None:
-        """Call `notify(claim, user)` when another replica's session of `user` took a slot."""
-        ...
-
-
 @dataclass
 class Sessions:
     """The registry of live sessions and of the claims on exclusive slots."""
 
-    shared: Shared | None = None
-    """Cluster mode's lock across replicas; None standalone."""
     exclusive: dict[SessionKey, Claim] = field(default_factory=dict)
     live: set[LiveSession] = field(default_factory=set)
-    _claiming: dict[SessionKey, int] = field(default_factory=dict)
-    _locks: dict[SessionKey, asyncio.Lock] = field(default_factory=dict)
     hubs: dict[SessionKey, Hub] = field(default_factory=dict)
     """Consoles with observers, a writer that observers may join, or a keeper."""
     on_ended: Callable[[int], None] | None = None
@@ -164,15 +142,13 @@ class Sessions:
 
     def __post_init__(self) -> None:
         self._idle.set()
-        if self.shared is not None:
-            self.shared.on_taken_over(self.taken_over)
 
     def __len__(self) -> int:
         return len(self.live)
 
     def active(self, key: SessionKey) -> bool:
-        """True while a session holds `key`, here or (as last seen) on another replica."""
-        return key in self.exclusive or (self.shared is not None and self.shared.held(key))
+        """True while a session holds `key` (on this replica, which owns it)."""
+        return key in self.exclusive
 
     def since(self, key: SessionKey) -> float | None:
         """When this replica's session on `key` claimed it (the local clock); None if none does."""
@@ -183,18 +159,12 @@ class Sessions:
         """Take the slot `key` for a new session of `user`, taking it from any holder.
 
         With `preserve`, raise `Busy` instead while another session holds it.
-        Claims of one slot are taken one at a time, so that the table follows
-        the order of the shared lock's writes.
         """
-        async with self._lock(key):
-            if preserve and self.active(key):
-                raise Busy(key)
-            claim = Claim(key, user)
-            if self.shared is not None:
-                await self.shared.acquire(claim, preserve=preserve)
-            previous = self.exclusive.get(key)
-            if claim.lost is None:  # another replica may have taken it already
-                self.exclusive[key] = claim
+        if preserve and self.active(key):
+            raise Busy(key)
+        claim = Claim(key, user)
+        previous = self.exclusive.get(key)
+        self.exclusive[key] = claim
         if previous is not None:
             self.taken_over(previous, user)
         return claim
@@ -223,8 +193,6 @@ class Sessions:
         """Give up `claim`'s slot unless another session took it since."""
         if self.exclusive.get(claim.key) is claim:
             del self.exclusive[claim.key]
-        if self.shared is not None:
-            self.shared.release(claim)
 
     def taken_over(self, claim: Claim, by: str) -> None:
         """Another session, of `by`, took `claim`'s slot: close its session, saying so.
@@ -239,6 +207,22 @@ class Sessions:
             del self.exclusive[claim.key]
         if claim.session is not None:
             self._close(claim.session, CloseCode.TAKEN_OVER, claim.lost)
+
+    def moved(self, mine: Callable[[SessionKey], bool], reason: str) -> None:
+        """The members changed: end (1001) every session on a unit this replica no longer owns.
+
+        Their clients reconnect, through whichever replica, to the new owner.
+        """
+        for key, claim in list(self.exclusive.items()):
+            if not mine(key) and claim.lost is None:
+                claim.lost = reason
+                del self.exclusive[key]
+                if claim.session is not None:
+                    self._close(claim.session, CloseCode.GOING_AWAY, reason)
+        for key, hub in list(self.hubs.items()):
+            if not mine(key):
+                for feed in list(hub.feeds):
+                    feed.cut(reason, code=CloseCode.GOING_AWAY)
 
     def hub(self, key: SessionKey, *, feed_limit: int) -> Hub:
         """The console `key`'s hub, made when first asked for and forgotten when idle.
@@ -279,15 +263,3 @@ class Sessions:
         task = asyncio.create_task(session.close(code, reason))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-
-    @asynccontextmanager
-    async def _lock(self, key: SessionKey) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        self._claiming[key] = self._claiming.get(key, 0) + 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._claiming[key] -= 1
-            if not self._claiming[key]:
-                del self._claiming[key], self._locks[key]
