@@ -84,9 +84,10 @@ class Scrollback:
         if not self._ring:
             self._ring = bytearray(self.limit)
         if len(data) >= self.limit:
+            # Bytes are dropped unless `data` fills an empty ring exactly.
+            self._wrapped = self._wrapped or self._size > 0 or len(data) > self.limit
             self._ring[:] = data[-self.limit :]
             self._start, self._size = 0, self.limit
-            self._wrapped = True
             return
         end = (self._start + self._size) % self.limit
         first = min(len(data), self.limit - end)

@@ -132,3 +132,11 @@ def test_marks_stay_bounded_and_ordered(chunks: list[bytes], limit: int) -> None
         assert list(excerpt.offsets) == sorted(excerpt.offsets)
         assert list(excerpt.times) == sorted(excerpt.times)
         assert kept.tail().endswith(excerpt.data)
+
+
+def test_output_that_fills_an_empty_ring_exactly_is_all_kept() -> None:
+    kept = Scrollback(6)
+    kept.append(b"ready\n")
+    assert kept.tail() == b"ready\n"
+    kept.append(b"x")
+    assert kept.tail() == b"x"  # "eady\nx": the partial first line is left out
