@@ -62,15 +62,15 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
     ws = handshake.websocket_response(
         state, request, what="portforward", subprotocol=pairs.TUNNEL_PROTOCOL
     )
-    await ws.prepare(request)
+    response, conn = await ws.accept(request)
     await _serve(
         state,
         request,
         target,
-        WebSocketCarrier(ServerMessages(ws), linger=True),
+        WebSocketCarrier(ServerMessages(conn), linger=True),
         dialect=pairs.TUNNEL_PROTOCOL,
     )
-    return ws
+    return response
 
 
 def refusal(exc: httpstream.HandshakeRefused) -> StatusError:

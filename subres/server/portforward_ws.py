@@ -24,6 +24,7 @@ from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
+from subres.protocol.channels import Framing
 from subres.server import handshake, subresource
 from subres.server.middleware import who
 from subres.server.state import State
@@ -56,18 +57,24 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
     if dialect is None:
         supported = ", ".join(name for name in wire.DIALECTS if name)
         raise StatusError(400, f"unsupported subprotocols for portforward; supported: {supported}")
-    ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect.name)
+    ws = handshake.websocket_response(
+        state,
+        request,
+        what=SUBRESOURCE,
+        subprotocol=dialect.name,
+        prefix=dialect.framing is Framing.BINARY,
+    )
     vetted = {
         port: await subresource.vet(state, target, subresource.forward_url(target, port))
         for port in set(ports)
     }
-    await ws.prepare(request)
-    mux = ChannelMux(ws, dialect, ports)
+    response, conn = await ws.accept(request)
+    mux = ChannelMux(conn, dialect, ports)
     async with session.live(
         state, who(request), target=target, dialect=dialect.name, client=mux
     ) as live:
         await live.run(_forward_ports(state, target, mux, vetted, live.record.traffic))
-    return ws
+    return response
 
 
 async def _forward_ports(
@@ -131,8 +138,8 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
     )
     backend = await subresource.connect(state, target, url, protocol=protocol)
     try:
-        await ws.prepare(request)
-        client = RawWebSocket(ws, batch=protocol == "tcp")
+        response, conn = await ws.accept(request)
+        client = RawWebSocket(conn, stream=protocol == "tcp")
         async with session.live(
             state, who(request), target=target, dialect=dialect.name, client=client
         ) as live:
@@ -141,7 +148,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
                 await client.close()
     finally:
         await backend.close()
-    return ws
+    return response
 
 
 def _path_port(text: str) -> int:

@@ -14,9 +14,10 @@ from aiohttp import web
 from subres.engine.pump import pump
 from subres.engine.stream import ByteStream, Terminal
 from subres.engine.websocket import WebSocketClient
+from subres.engine.wsserver import WebSocketUpgrade
 from subres.kube.status import StatusError
 from subres.protocol import channels
-from subres.protocol.channels import Dialect
+from subres.protocol.channels import Dialect, Framing
 from subres.server import handshake
 from subres.server.middleware import USER, who
 from subres.server.state import State
@@ -28,8 +29,8 @@ __all__ = ["negotiate", "serve"]
 
 def negotiate(
     state: State, request: web.Request, subresource: str, supported: Sequence[str]
-) -> tuple[web.WebSocketResponse, Dialect]:
-    """A WebSocket response ready to prepare and the dialect chosen (400 otherwise)."""
+) -> tuple[WebSocketUpgrade, Dialect]:
+    """A WebSocket upgrade ready to accept and the dialect chosen (400 otherwise)."""
     handshake.check(request, what=subresource)
     offered = handshake.offered_subprotocols(request)
     dialect = channels.negotiate(offered, supported)
@@ -38,7 +39,13 @@ def negotiate(
         raise StatusError(
             400, f"unsupported subprotocols {offered} for {subresource}; supported: {listed}"
         )
-    ws = handshake.websocket_response(state, request, what=subresource, subprotocol=dialect.name)
+    ws = handshake.websocket_response(
+        state,
+        request,
+        what=subresource,
+        subprotocol=dialect.name,
+        prefix=dialect.framing is Framing.BINARY,
+    )
     return ws, dialect
 
 
@@ -47,20 +54,20 @@ async def serve(
     request: web.Request,
     *,
     target: Target,
-    ws: web.WebSocketResponse,
+    ws: WebSocketUpgrade,
     dialect: Dialect,
     backend: ByteStream,
     exclusive: bool,
     preserve: bool = False,
     mode: str = "",
-) -> web.WebSocketResponse:
+) -> web.StreamResponse:
     """Take the session's slot, upgrade, then pump between the client and `backend`."""
-    client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
         async with session.hold(
             state, request[USER].name, target=target, exclusive=exclusive, preserve=preserve
         ) as claim:
-            await ws.prepare(request)
+            response, conn = await ws.accept(request)
+            client = WebSocketClient(conn, dialect, terminal=Terminal(backend))
             async with session.live(
                 state,
                 who(request),
@@ -75,4 +82,4 @@ async def serve(
                 await live.run(pump(client, backend, live.record.traffic))
     finally:
         await backend.close()
-    return ws
+    return response
