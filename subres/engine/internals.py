@@ -1,6 +1,6 @@
 """The one place that touches private internals of our dependencies.
 
-subres needs six things no public API of aiohttp, asyncio, asyncssh or
+subres needs five things no public API of aiohttp, asyncio, asyncssh or
 websockets offers:
 
 - `take_over`: the bytes after our own `101` for SPDY/3.1, which aiohttp does
@@ -8,9 +8,6 @@ websockets offers:
   support uses it);
 - `drain`: waiting for that connection's write buffer to drain
   (`_drain_helper` of aiohttp's protocol);
-- `binary_queued`: whether the next WebSocket message is already received,
-  so raw uploads batch several messages into one backend write (aiohttp's
-  message queue, `ws._reader._buffer`);
 - `share_ssl_read_buffer`: one TLS read buffer per process instead of
   asyncio's 256 KiB per connection (`asyncio.sslproto.SSLProtocol`);
 - `send_window`: how much an SSH server lets us send now (asyncssh's
@@ -37,7 +34,7 @@ import logging
 from asyncio import sslproto
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.web_protocol import RequestHandler
 
@@ -49,7 +46,6 @@ except ImportError:  # a build without its C extension: `check` names it
 __all__ = [
     "TESTED",
     "InternalsChanged",
-    "binary_queued",
     "check",
     "check_asyncssh",
     "check_version",
@@ -88,19 +84,6 @@ def take_over(request: web.Request, parser: Any) -> None:
 async def drain(request: web.Request) -> None:
     """Wait while the connection's write buffer is above its high-water mark."""
     await request.protocol._drain_helper()
-
-
-def binary_queued(ws: web.WebSocketResponse) -> bool:
-    """Whether aiohttp already parsed the next message and it is binary data.
-
-    Then `receive()` returns it without waiting. Answers False whenever the
-    queue is not as expected, which only gives up the batching.
-    """
-    queue = getattr(getattr(ws, "_reader", None), "_buffer", None)
-    try:
-        return bool(queue) and queue[0][0].type is WSMsgType.BINARY  # type: ignore[index]
-    except (TypeError, IndexError, AttributeError):
-        return False
 
 
 def unmask(data: memoryview, mask: bytes) -> bytes:

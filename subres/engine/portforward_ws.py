@@ -74,6 +74,10 @@ class RawWebSocket(WebSocketEnd):
                 return data
         return b""
 
+    def ready(self) -> list[bytes]:
+        """A byte stream's bytes received after what `read` returned, taken without waiting."""
+        return self.ws.take_ready() if self._stream and not self._half_closed else []
+
     async def write(self, data: bytes) -> None:
         """Send `data` as one binary message; waits while the client is slow."""
         try:

@@ -16,11 +16,20 @@ import enum
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from subres.engine.stream import ByteStream
 
-__all__ = ["END_GRACE", "ClientStream", "Ending", "Outcome", "Traffic", "pump"]
+__all__ = [
+    "END_GRACE",
+    "ClientStream",
+    "Ending",
+    "Gathering",
+    "Outcome",
+    "Traffic",
+    "WritesLines",
+    "pump",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +51,24 @@ class ClientStream(ByteStream, Protocol):
 
     async def abort(self, reason: str) -> None:
         """End the session from our side because something failed."""
+        ...
+
+
+@runtime_checkable
+class Gathering(Protocol):
+    """A client stream that can hand over, without waiting, what it received after a read."""
+
+    def ready(self) -> list[bytes]:
+        """The chunks already received; empty when none."""
+        ...
+
+
+@runtime_checkable
+class WritesLines(Protocol):
+    """A backend that writes several chunks in one system call."""
+
+    async def writelines(self, chunks: list[bytes]) -> None:
+        """Write `chunks` in order, waiting while the peer is slow."""
         ...
 
 
@@ -156,11 +183,21 @@ def _outcome(down: asyncio.Task[Outcome], failure: str) -> Outcome:
 
 
 async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> None:
+    # What arrived together leaves together: one gathered write, no join.
+    gathering = client if isinstance(client, Gathering) else None
+    lines = backend if isinstance(backend, WritesLines) else None
     eof_sent = False
     while True:
         chunk = await client.read()
         if chunk:
-            if not eof_sent:
+            if eof_sent:
+                continue
+            more = gathering.ready() if gathering is not None and lines is not None else None
+            if more and lines is not None:
+                more.insert(0, chunk)
+                await _to_backend(lines.writelines(more))
+                traffic.up += sum(map(len, more))
+            else:
                 await _to_backend(backend.write(chunk))
                 traffic.up += len(chunk)
         elif client.gone:

@@ -142,6 +142,13 @@ class SocketStream(asyncio.Protocol):
         self._transport.write(data)
         await self._drain(self._transport)
 
+    async def writelines(self, chunks: list[bytes]) -> None:
+        """Write `chunks` in one gathered write (`writev`), then wait as `write` does."""
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError(f"{self._peer} connection is closed")
+        self._transport.writelines(chunks)
+        await self._drain(self._transport)
+
     async def _drain(self, transport: asyncio.Transport) -> None:
         """Wait while the buffer is above its high-water mark and the backend takes bytes."""
         while self._write_paused and not self._lost.done():

@@ -125,6 +125,15 @@ class WebSocketClient(WebSocketEnd):
                 self.terminal.resized(event.data)
         return b""
 
+    def ready(self) -> list[bytes]:
+        """Stdin received after what `read` returned, taken without waiting (raw and binary)."""
+        framing = self.dialect.framing
+        if framing is Framing.RAW:
+            return self.ws.take_ready()
+        if framing is Framing.BINARY:
+            return self.ws.take_ready(channels.STDIN)
+        return []
+
     async def write(self, data: bytes) -> None:
         """Send backend output on stdout; waits while the client is slow."""
         await self._send(channels.STDOUT, data)

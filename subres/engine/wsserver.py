@@ -73,7 +73,8 @@ HIGH_WATER = 256 * 1024
 CLOSE_TIMEOUT = 10.0
 """Seconds our close frame waits for the client's before the connection is dropped."""
 SMALL = 1024
-"""Payloads up to this size leave joined to their header, in one write."""
+"""Payloads up to this size leave joined to their header; larger ones beside it, gathered
+(`writelines`: one `writev` on uvloop and, from Python 3.12, on asyncio's loop)."""
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 """RFC 6455 4.2.2: what the client's key is hashed with."""
 
@@ -318,6 +319,7 @@ class ServerWebSocket(asyncio.BufferedProtocol):
         """The client broke the protocol: close with `code`, drop the connection."""
         log.info("closing a WebSocket: %s", reason)
         self._end_input()
+        self._drop_input()
         self._send_close(code, reason)
         self._finish()
 
@@ -382,6 +384,24 @@ class ServerWebSocket(asyncio.BufferedProtocol):
         """A piece is received and `receive` returns it without waiting."""
         return bool(self._pieces)
 
+    def take_ready(self, channel: int | None = None) -> list[bytes]:
+        """The binary pieces received and not yet read, up to the first text message
+        (or, given `channel`, the first piece of another channel); empty ones dropped."""
+        pieces = self._pieces
+        taken: list[bytes] = []
+        while pieces and not pieces[0].text and channel in (None, pieces[0].channel):
+            data = pieces.popleft().data
+            if data:
+                taken.append(data)
+                self._queued -= len(data)
+        self._resume_if_drained()
+        return taken
+
+    def _resume_if_drained(self) -> None:
+        if self._paused and self._queued <= HIGH_WATER // 2 and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+
     async def receive(self) -> Piece | None:
         """The next piece received; None once no more will come."""
         while not self._pieces:
@@ -391,37 +411,27 @@ class ServerWebSocket(asyncio.BufferedProtocol):
             await self._readable
         piece = self._pieces.popleft()
         self._queued -= len(piece.data)
-        if self._paused and self._queued <= HIGH_WATER // 2 and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
+        self._resume_if_drained()
         return piece
 
     async def send(self, data: bytes, opcode: Opcode = Opcode.BINARY) -> None:
         """One message; waits while the client is slow. ConnectionResetError once closing."""
         self._check_open()
-        header = frame_header(opcode, len(data))
-        if len(data) <= SMALL:
-            self._write(header + data)
-        else:
-            self._write(header)
-            self._write(data)
+        self._write_framed(frame_header(opcode, len(data)), data)
         await self._drain()
 
     async def send_channel(self, channel: int, data: bytes) -> None:
         """One binary message: the channel byte, then `data`."""
         self._check_open()
-        header = frame_header(Opcode.BINARY, len(data) + 1) + bytes((channel,))
-        if len(data) <= SMALL:
-            self._write(header + data)
-        else:
-            self._write(header)
-            self._write(data)
+        self._write_framed(frame_header(Opcode.BINARY, len(data) + 1) + bytes((channel,)), data)
         await self._drain()
 
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         """Send a close frame (once), wait for the client's within `CLOSE_TIMEOUT`, hang up."""
         if self._transport is None:
             return
+        if not self._close_sent:
+            self._drop_input()
         self._send_close(code, reason)
         if not (self._close_received or self._lost):
             self._closed_waiter = asyncio.get_running_loop().create_future()
@@ -443,19 +453,32 @@ class ServerWebSocket(asyncio.BufferedProtocol):
         self._close_sent = True
         if self.close_code is None:
             self.close_code = code
-        # What waits to be read will not be: reading goes on only to see the client's close.
+        payload = close_payload(code, reason)
+        self._write(frame_header(Opcode.CLOSE, len(payload)) + payload)
+
+    def _drop_input(self) -> None:
+        """We closed first: what waits to be read will not be, and reading goes on only
+        to see the client's close frame."""
         self._pieces.clear()
         self._queued = 0
         if self._paused and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()
         _wake(self._readable)
-        payload = close_payload(code, reason)
-        self._write(frame_header(Opcode.CLOSE, len(payload)) + payload)
 
     def _check_open(self) -> None:
         if self._close_sent or self._lost or self._transport is None:
             raise ConnectionResetError("the WebSocket is closing")
+
+    def _write_framed(self, header: bytes, data: bytes) -> None:
+        """A header and its payload: joined when small, else one gathered write (no copy)."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if len(data) <= SMALL:
+            transport.write(header + data)
+        else:
+            transport.writelines((header, data))
 
     def _write(self, data: bytes) -> None:
         transport = self._transport

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "MAX_CONTROL",
@@ -102,13 +102,14 @@ class ProtocolError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class DataReceived:
+class DataReceived(NamedTuple):
     """A piece of a data message's payload: `buffer[start:stop]`, still masked with `mask`.
 
     `mask` is already turned to the piece's first byte. A message is one or
     more pieces, the first with `first`, the last with `last`; an empty
-    message is one empty piece with both.
+    message is one empty piece with both. (Events are named tuples: several
+    are made per read on the upload path, and a tuple is made in about a
+    third of a frozen dataclass's time.)
     """
 
     opcode: Opcode
@@ -120,8 +121,7 @@ class DataReceived:
     last: bool
 
 
-@dataclass(frozen=True, slots=True)
-class ControlReceived:
+class ControlReceived(NamedTuple):
     """A whole control frame: its payload is `buffer[start:stop]`, masked with `mask`."""
 
     opcode: Opcode
