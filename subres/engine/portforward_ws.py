@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from subres.engine.stream import Chunk
 from subres.engine.websocket import CloseCode, WebSocketEnd, whole_message
 from subres.engine.wsserver import ServerWebSocket
 from subres.protocol import channels
@@ -74,9 +75,12 @@ class RawWebSocket(WebSocketEnd):
                 return data
         return b""
 
-    def ready(self) -> list[bytes]:
-        """A byte stream's bytes received after what `read` returned, taken without waiting."""
-        return self.ws.take_ready() if self._stream and not self._half_closed else []
+    async def read_gathered(self) -> list[Chunk]:
+        """The next bytes and, for a byte stream, those received after them; [] as `read`'s b""."""
+        first = await self.read()
+        if not first:
+            return []
+        return [first, *self.ws.take_ready()] if self._stream else [first]
 
     async def write(self, data: bytes) -> None:
         """Send `data` as one binary message; waits while the client is slow."""

@@ -16,9 +16,9 @@ import enum
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
-from subres.engine.stream import ByteStream
+from subres.engine.stream import ByteStream, Chunk
 
 __all__ = [
     "END_GRACE",
@@ -56,10 +56,11 @@ class ClientStream(ByteStream, Protocol):
 
 @runtime_checkable
 class Gathering(Protocol):
-    """A client stream that can hand over, without waiting, what it received after a read."""
+    """A client stream that can hand over everything received so far, as it came."""
 
-    def ready(self) -> list[bytes]:
-        """The chunks already received; empty when none."""
+    async def read_gathered(self) -> list[Chunk]:
+        """What `read` would return, as the chunks it arrived in (views, not copies);
+        [] where `read` returns b""."""
         ...
 
 
@@ -67,7 +68,7 @@ class Gathering(Protocol):
 class WritesLines(Protocol):
     """A backend that writes several chunks in one system call."""
 
-    async def writelines(self, chunks: list[bytes]) -> None:
+    async def writelines(self, chunks: list[Chunk]) -> None:
         """Write `chunks` in order, waiting while the peer is slow."""
         ...
 
@@ -183,27 +184,37 @@ def _outcome(down: asyncio.Task[Outcome], failure: str) -> Outcome:
 
 
 async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> None:
-    # What arrived together leaves together: one gathered write, no join.
-    gathering = client if isinstance(client, Gathering) else None
-    lines = backend if isinstance(backend, WritesLines) else None
+    if isinstance(client, Gathering) and isinstance(backend, WritesLines):
+        await _up_gathered(client, backend, traffic)
+        return
     eof_sent = False
     while True:
         chunk = await client.read()
         if chunk:
-            if eof_sent:
-                continue
-            more = gathering.ready() if gathering is not None and lines is not None else None
-            if more and lines is not None:
-                more.insert(0, chunk)
-                await _to_backend(lines.writelines(more))
-                traffic.up += sum(map(len, more))
-            else:
+            if not eof_sent:
                 await _to_backend(backend.write(chunk))
                 traffic.up += len(chunk)
         elif client.gone:
             return
         elif not eof_sent:
             await _to_backend(backend.write_eof())
+            eof_sent = True
+
+
+async def _up_gathered(client: Gathering, backend: WritesLines, traffic: Traffic) -> None:
+    """`_up` where what arrived together leaves together: one gathered write, nothing joined."""
+    stream = cast(ClientStream, client)
+    eof_sent = False
+    while True:
+        chunks = await client.read_gathered()
+        if chunks:
+            if not eof_sent:
+                await _to_backend(backend.writelines(chunks))
+                traffic.up += sum(map(len, chunks))
+        elif stream.gone:
+            return
+        elif not eof_sent:
+            await _to_backend(cast(ByteStream, backend).write_eof())
             eof_sent = True
 
 

@@ -13,6 +13,7 @@ bytes on as a byte carrier (SPDY/3.1); the WebSocket server
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -48,8 +49,8 @@ class UpgradedSocket:
         if transport is None:
             raise ConnectionResetError("the client went away before the upgrade")
         self._transport = transport
-        # Chunks as the transport delivered them, joined only when read.
-        self._chunks: list[bytes] = []
+        # Chunks as the transport delivered them, read one at a time: never joined.
+        self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._eof = False
         self._waiter: asyncio.Future[None] | None = None
@@ -76,23 +77,18 @@ class UpgradedSocket:
             self._waiter.set_result(None)
 
     async def read(self) -> bytes:
-        """What arrived since the last read; b"" once the client is gone."""
+        """The next chunk as it arrived; b"" once the client is gone."""
         while not self._chunks and not self._eof:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        chunks = self._chunks
-        if not chunks:
-            data = b""
-        elif len(chunks) == 1:
-            data = bytes(chunks[0])
-        else:
-            data = b"".join(chunks)
-        self._chunks = []
-        self._size = 0
-        if self._paused and not self._transport.is_closing():
+        if not self._chunks:
+            return b""
+        data = self._chunks.popleft()
+        self._size -= len(data)
+        if self._paused and self._size < READ_HIGH_WATER // 2 and not self._transport.is_closing():
             self._paused = False
             self._transport.resume_reading()
         return data

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from subres.engine.stream import Terminal
+from subres.engine.stream import Chunk, Terminal
 from subres.engine.wsserver import Piece, ServerWebSocket
 from subres.kube.status import exited
 from subres.protocol import channels
@@ -125,14 +125,17 @@ class WebSocketClient(WebSocketEnd):
                 self.terminal.resized(event.data)
         return b""
 
-    def ready(self) -> list[bytes]:
-        """Stdin received after what `read` returned, taken without waiting (raw and binary)."""
+    async def read_gathered(self) -> list[Chunk]:
+        """The next stdin bytes and those received after them, as received; [] as `read`'s b""."""
+        first = await self.read()
+        if not first:
+            return []
         framing = self.dialect.framing
         if framing is Framing.RAW:
-            return self.ws.take_ready()
+            return [first, *self.ws.take_ready()]
         if framing is Framing.BINARY:
-            return self.ws.take_ready(channels.STDIN)
-        return []
+            return [first, *self.ws.take_ready(channels.STDIN)]
+        return [first]
 
     async def write(self, data: bytes) -> None:
         """Send backend output on stdout; waits while the client is slow."""
@@ -166,9 +169,6 @@ class ServerMessages:
     async def next_binary(self) -> bytes | None:
         piece = await self.ws.receive()
         return None if piece is None or piece.text else piece.data
-
-    def binary_ready(self) -> bool:
-        return self.ws.pending()
 
     async def send_binary(self, data: bytes) -> None:
         await self.ws.send(data)

@@ -39,6 +39,7 @@ from typing import NamedTuple, cast
 from aiohttp import hdrs, web
 
 from subres.engine import internals
+from subres.engine.stream import Chunk
 from subres.engine.upgrade import switch
 from subres.protocol.websocket import (
     MAX_LEFTOVER,
@@ -380,15 +381,11 @@ class ServerWebSocket(asyncio.BufferedProtocol):
         """Nothing can flow either way any more."""
         return self._lost or (self._close_sent and self._close_received) or self._transport is None
 
-    def pending(self) -> bool:
-        """A piece is received and `receive` returns it without waiting."""
-        return bool(self._pieces)
-
-    def take_ready(self, channel: int | None = None) -> list[bytes]:
+    def take_ready(self, channel: int | None = None) -> list[Chunk]:
         """The binary pieces received and not yet read, up to the first text message
         (or, given `channel`, the first piece of another channel); empty ones dropped."""
         pieces = self._pieces
-        taken: list[bytes] = []
+        taken: list[Chunk] = []
         while pieces and not pieces[0].text and channel in (None, pieces[0].channel):
             data = pieces.popleft().data
             if data:
@@ -427,7 +424,11 @@ class ServerWebSocket(asyncio.BufferedProtocol):
         await self._drain()
 
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
-        """Send a close frame (once), wait for the client's within `CLOSE_TIMEOUT`, hang up."""
+        """Send a close frame (once), wait for the client's within `CLOSE_TIMEOUT`, hang up.
+
+        Never waits for the close frame to drain: a client that reads nothing
+        gets no answer from us either, and is dropped when the wait ends.
+        """
         if self._transport is None:
             return
         if not self._close_sent:
@@ -440,6 +441,8 @@ class ServerWebSocket(asyncio.BufferedProtocol):
                     await self._closed_waiter
             except TimeoutError:
                 log.debug("no close frame from the client within %gs", CLOSE_TIMEOUT)
+                self.abort()
+                return
         self._finish()
 
     def abort(self) -> None:
