@@ -145,7 +145,10 @@ class SocketStream(asyncio.Protocol):
         await self._drain(self._transport)
 
     async def writelines(self, chunks: list[Chunk]) -> None:
-        """Write `chunks` in one gathered write (`writev`), then wait as `write` does."""
+        """Write `chunks` in one gathered write (`writev`), then wait as `write` does.
+
+        A subclass whose `write` frames its data must frame these too.
+        """
         if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError(f"{self._peer} connection is closed")
         self._transport.writelines(chunks)

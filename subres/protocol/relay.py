@@ -135,7 +135,7 @@ _SIZE = struct.Struct(">HH")
 _CODE = struct.Struct(">H")
 
 
-def data(payload: bytes) -> bytes:
+def data(payload: bytes | memoryview) -> bytes:
     """A DATA frame carrying `payload`, as one write.
 
     Joined even when large: the relay always runs over TLS, where a header
