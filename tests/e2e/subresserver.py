@@ -49,6 +49,7 @@ from tests.e2e.controlplane import ControlPlane, ControlPlaneError, Process, fre
 from tests.support import LOOPBACK_POLICY
 
 __all__ = [
+    "AGENT_NAMESPACE",
     "APISERVICE",
     "GROUP",
     "NAMESPACE",
@@ -70,6 +71,8 @@ GROUP = "subresources.subres.dev"
 VERSION = "v1alpha1"
 APISERVICE = f"{VERSION}.{GROUP}"
 NAMESPACE = "subres-system"
+AGENT_NAMESPACE = "subres-agents"
+"""Where deploy/ runs the node agents (their hostPath needs a `privileged` namespace)."""
 SERVICE = "subres"
 SERVICE_ACCOUNT = "subres"
 SERVER_NAME = f"{SERVICE}.{NAMESPACE}.svc"
@@ -295,7 +298,8 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
         f"--secure-port={port}",
         f"--tls-cert-file={certs_dir / 'tls.crt'}",
         f"--tls-private-key-file={certs_dir / 'tls.key'}",
-        # As the Deployment mounts them: the replicas' side of the agents' mutual TLS.
+        # As the Deployment says: the agents' pods and the replicas' side of their mutual TLS.
+        f"--agent-namespace={AGENT_NAMESPACE}",
         f"--agent-ca-file={certs_dir / 'ca.crt'}",
         f"--agent-client-cert-file={certs_dir / 'replica.crt'}",
         f"--agent-client-key-file={certs_dir / 'replica.key'}",
