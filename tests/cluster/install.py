@@ -35,6 +35,8 @@ __all__ = [
     "install",
     "readme_install_block",
     "rollout",
+    "wait_gone",
+    "wait_pods",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,6 +144,22 @@ async def wait_pods(
     if not await poll(ready, timeout_s=timeout_s):
         raise cluster.failure(f"{count} ready pods {selector} in {namespace}: {found}")
     return found
+
+
+async def wait_gone(cluster: Cluster, address: str, port: int, *, timeout_s: float = 60.0) -> None:
+    """Wait until nothing accepts connections at a pod's `address`:`port` any more."""
+
+    async def refused() -> bool:
+        try:
+            async with asyncio.timeout(2):
+                _, writer = await asyncio.open_connection(address, port)
+        except (OSError, TimeoutError):
+            return True
+        writer.close()
+        return False
+
+    if not await poll(refused, timeout_s=timeout_s):
+        raise cluster.failure(f"{address}:{port} still answers after {timeout_s:.0f}s")
 
 
 def _ready(pod: dict[str, Any]) -> bool:

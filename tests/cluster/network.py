@@ -30,7 +30,9 @@ __all__ = [
     "NodeNet",
     "create_bridge",
     "create_node",
+    "cut",
     "in_netns",
+    "mend",
     "node_nets",
     "run",
 ]
@@ -78,10 +80,13 @@ def node_nets(names: Sequence[str]) -> list[NodeNet]:
     return [NodeNet(name, index) for index, name in enumerate(names)]
 
 
-def run(args: Sequence[str], *, netns: str | None = None, check: bool = True) -> str:
+def run(
+    args: Sequence[str], *, netns: str | None = None, check: bool = True, stdin: str | None = None
+) -> str:
     """Run a command (in a node's network namespace); its output, or NetworkError."""
     proc = subprocess.run(
         in_netns(netns, args) if netns else list(args),
+        input=stdin,
         capture_output=True,
         text=True,
         check=False,
@@ -131,3 +136,25 @@ def create_node(node: NodeNet, others: Sequence[NodeNet]) -> None:
         if other != node:
             run(["ip", "route", "add", other.pod_subnet, "via", other.address], netns=ns)
     run(["ip", "route", "add", node.pod_subnet, "via", node.address, "dev", BRIDGE])
+
+
+def cut(netns: str, table: str, a: str, b: str) -> None:
+    """Drop every packet between addresses `a` and `b` that passes the namespace `netns`.
+
+    Routed packets meet the ``inet`` forward hook; packets between two pods of one
+    node cross its bridge and meet the ``bridge`` forward hook. ``mend`` undoes it.
+    """
+    for family in ("inet", "bridge"):
+        rules = [
+            f"add table {family} {table}",
+            f"add chain {family} {table} forward {{ type filter hook forward priority -10 ; }}",
+            f"add rule {family} {table} forward ip saddr {a} ip daddr {b} drop",
+            f"add rule {family} {table} forward ip saddr {b} ip daddr {a} drop",
+        ]
+        run(["nft", "-f", "-"], netns=netns, stdin="\n".join(rules) + "\n")
+
+
+def mend(netns: str, table: str) -> None:
+    """Remove what ``cut`` added to `netns` (nothing if it added nothing)."""
+    for family in ("inet", "bridge"):
+        run(["nft", "delete", "table", family, table], netns=netns, check=False)

@@ -11,6 +11,7 @@ speaking ``v5.channel.k8s.io`` with a bearer token (as a ``kubectl get
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import re
@@ -23,7 +24,7 @@ from PIL import Image
 from tests.browser import cdp
 from tests.browser.conftest import subres_web
 from tests.browser.test_console import CONNECTED, buffer_has
-from tests.cluster import users, vm
+from tests.cluster import live, users, vm
 from tests.cluster.cluster import Cluster
 from tests.cluster.vm import Vm
 from tests.e2e.controlplane import free_ports, poll, run_sync
@@ -34,16 +35,6 @@ pytestmark = pytest.mark.timeout(900)
 
 BOOT_TIMEOUT_S = 120.0
 """TCG boots to the shell in ~10 s on 2 idle cores; the cluster shares them."""
-
-
-def cli_env(cluster: Cluster, tmp_path: Path) -> dict[str, str]:
-    """What alice's shell has: her kubeconfig, a home of her own."""
-    return {
-        "KUBECONFIG": str(cluster.plane.kubeconfig_for("alice")),
-        "HOME": str(tmp_path),
-        "PATH": "/usr/bin:/bin",
-        "TERM": "xterm",
-    }
 
 
 def test_the_vm_runs_in_a_pod_on_node_a_with_its_sockets_for_the_agent(
@@ -63,12 +54,15 @@ async def test_subres_console_types_into_the_vm(
     cluster: Cluster, running_vm: Vm, tmp_path: Path
 ) -> None:
     args = ["console", vm.NAME, "-n", vm.NS, "--timeout", "1m"]
-    async with users.terminal(args, env=cli_env(cluster, tmp_path)) as term:
-        await term.wait_for(re.compile(rb"Connected to machine/vm1"), timeout_s=60)
-        writer = users.ConsoleWriter(term)
+    async with contextlib.AsyncExitStack() as stack:
+        ready = re.compile(rb"Connected to machine/vm1")
+        writer = users.ConsoleWriter(
+            users.Rerun(args, live.cli_env(cluster, tmp_path), stack, ready)
+        )
         async with asyncio.timeout(BOOT_TIMEOUT_S):
             while not await writer.probe():
                 pass
+        [term] = writer.cli.runs
         term.write(b"\x1d")  # Ctrl+] leaves
         async with asyncio.timeout(20):
             assert await term.process.wait() == 0, term.text()
@@ -98,7 +92,7 @@ async def test_subres_screenshot_is_the_vms_display(
 ) -> None:
     out = tmp_path / "vm1.png"
     args = ["screenshot", vm.NAME, "-n", vm.NS, "-o", str(out)]
-    async with users.terminal(args, env=cli_env(cluster, tmp_path)) as term:
+    async with users.terminal(args, env=live.cli_env(cluster, tmp_path)) as term:
         async with asyncio.timeout(60):
             assert await term.process.wait() == 0, term.text()
     image = Image.open(io.BytesIO(out.read_bytes()))
@@ -110,7 +104,7 @@ async def test_subres_vnc_relays_the_display(
     cluster: Cluster, running_vm: Vm, tmp_path: Path
 ) -> None:
     args = ["vnc", vm.NAME, "-n", vm.NS, "--proxy-only"]
-    async with users.terminal(args, env=cli_env(cluster, tmp_path)) as term:
+    async with users.terminal(args, env=live.cli_env(cluster, tmp_path)) as term:
         await term.wait_for(re.compile(rb'\{"port": \d+\}'), timeout_s=60)
         port = json.loads(re.findall(rb'\{"port": \d+\}', term.output)[0])["port"]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -138,7 +132,7 @@ async def test_subres_port_forward_reaches_the_guests_web_server(
 ) -> None:
     [local] = free_ports(1)
     args = ["port-forward", vm.NAME, "-n", vm.NS, f"{local}:{vm.PORT}"]
-    async with users.terminal(args, env=cli_env(cluster, tmp_path)) as term:
+    async with users.terminal(args, env=live.cli_env(cluster, tmp_path)) as term:
         await term.wait_for(re.compile(rb"Forwarding from 127\.0\.0\.1"), timeout_s=60)
         prober = users.ForwardProber(local)
         # The guest brings its network up in the background after the shell.

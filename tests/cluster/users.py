@@ -2,7 +2,8 @@
 
 ``Terminal`` runs a CLI verb (``subres console``, ``subres port-forward``) in a
 pseudo-terminal, as a person does, and keeps everything it printed with the
-time it arrived. ``ConsoleWriter`` types numbered probes into the VM's shell
+time it arrived; ``Rerun`` runs it again when it exits, as a person would,
+keeping how each run ended. ``ConsoleWriter`` types numbered probes into the VM's shell
 (``echo probe-N-$((N*7))``: only the shell's answer contains the product) and
 notes when each answer arrives; ``ForwardProber`` fetches the guest's web page
 through a local port-forward. ``Timeline`` turns their records into what a
@@ -23,16 +24,15 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 __all__ = [
     "ConsoleWriter",
     "ForwardProber",
     "Outage",
+    "Rerun",
     "Terminal",
     "longest_outage",
     "terminal",
-    "write_report",
 ]
 
 PROBE_EVERY_S = 0.5
@@ -153,25 +153,74 @@ def longest_outage(answers: Sequence[float], *, since: float, until: float) -> O
 
 
 @dataclass
-class ConsoleWriter:
-    """Types numbered probes into a console terminal and records when each is answered."""
+class Rerun:
+    """A CLI that a user runs again whenever it exits, and how each run ended.
 
-    term: Terminal
+    Runs live in `stack` (closed by the caller). `ready` is what a run prints
+    once it is usable; a run that exits before that is recorded like any other.
+    """
+
+    args: Sequence[str]
+    env: dict[str, str]
+    stack: contextlib.AsyncExitStack
+    ready: re.Pattern[bytes]
+    runs: list[Terminal] = field(default_factory=list)
+    exits: list[tuple[float, int, str]] = field(default_factory=list)
+    """(when, exit code, its last line) of every run that ended."""
+
+    async def current(self, *, timeout_s: float = 30.0) -> Terminal:
+        """The running run, after starting a new one if the last has exited."""
+        if self.runs and self.runs[-1].process.returncode is None:
+            return self.runs[-1]
+        if self.runs:
+            ended = self.runs[-1]
+            lines = [line for line in ended.text().splitlines() if line.strip()]
+            code = ended.process.returncode
+            assert code is not None
+            self.exits.append((time.monotonic(), code, lines[-1].strip() if lines else ""))
+        term = await self.stack.enter_async_context(terminal(self.args, env=self.env))
+        self.runs.append(term)
+        with contextlib.suppress(EOFError, TimeoutError):
+            await term.wait_for(self.ready, timeout_s=timeout_s)
+        return term
+
+    def said(self, since: float, words: Sequence[str]) -> list[str]:
+        """The lines of every run since `since` that contain one of `words`."""
+        found = []
+        for term in self.runs:
+            text = b"".join(c for when, c in term.chunks if when >= since)
+            found += [
+                line.strip()
+                for line in text.decode(errors="replace").splitlines()
+                if any(w in line for w in words)
+            ]
+        return found
+
+    def output(self) -> bytes:
+        return b"".join(term.output for term in self.runs)
+
+
+@dataclass
+class ConsoleWriter:
+    """Types numbered probes into a console and records when each is answered."""
+
+    cli: Rerun
     answered: list[float] = field(default_factory=list)
     unanswered: list[int] = field(default_factory=list)
     count: int = 0
 
     async def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-        """One probe; True when the shell answered within `timeout_s`."""
+        """One probe (in a new run if the last one ended); True when the shell answered."""
         self.count += 1
         n = self.count
-        after = len(self.term.output)
-        self.term.write(f"echo probe-{n}-$(({n}*7))\r".encode())
+        term = await self.cli.current()
+        after = len(term.output)
         try:
-            when = await self.term.wait_for(
+            term.write(f"echo probe-{n}-$(({n}*7))\r".encode())
+            when = await term.wait_for(
                 re.compile(f"probe-{n}-{n * 7}".encode()), after=after, timeout_s=timeout_s
             )
-        except TimeoutError:
+        except (TimeoutError, EOFError, OSError):
             self.unanswered.append(n)
             return False
         self.answered.append(when)
@@ -179,7 +228,11 @@ class ConsoleWriter:
 
     async def keep_probing(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.probe()
+            if not await self.probe() and self.cli.runs[-1].process.returncode is not None:
+                # A run that ended: the user reads why, then runs it again.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await stop.wait()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(PROBE_EVERY_S):
                     await stop.wait()
@@ -190,10 +243,14 @@ class ForwardProber:
     """Fetches the guest's web page through a local forwarded port, again and again."""
 
     port: int
+    cli: Rerun | None = None
+    """The port-forward behind the port, run again if it exits."""
     answered: list[float] = field(default_factory=list)
     failures: list[tuple[float, str]] = field(default_factory=list)
 
     async def fetch(self) -> bool:
+        if self.cli is not None:
+            await self.cli.current()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
                 reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -217,10 +274,3 @@ class ForwardProber:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(PROBE_EVERY_S):
                     await stop.wait()
-
-
-def write_report(path: Path, lines: Sequence[str]) -> None:
-    """Append the figures of one drill to the session's report (printed by the tests too)."""
-    with path.open("a") as report:
-        report.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
