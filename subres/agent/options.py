@@ -12,7 +12,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from subres.server.certs import REPLICA_IDENTITY
+from subres.serving.certs import REPLICA_IDENTITY
 
 __all__ = ["AgentOptions", "add_arguments"]
 

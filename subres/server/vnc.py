@@ -1,7 +1,7 @@
 """`…/{resource}/{name}/vnc` and `…/vnc-observe`: the display, shared by its viewers.
 
 Each viewer has its own connection to the VNC server, which shares the
-display among them (subres asks it to for every viewer: `streams.viewer`).
+display among them (subres asks it to for every viewer: `sessions.viewer`).
 `vnc` is the interactive viewer, validated, dialed and streamed as the
 console is (`streaming`): one per machine, a new one takes over, unless it
 asks `?preserveSession=true`, which is refused with 409 while another is
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from subres.server import session, streaming, subresource
+from subres.server import handshake, session, streaming, subresource
 from subres.server.state import State
-from subres.streams.viewer import GuardedDisplay
+from subres.sessions.viewer import GuardedDisplay
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
@@ -42,6 +42,9 @@ async def _view(
 ) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
+    if handshake.dry_run(request):  # `subres vnc` checks before it listens
+        await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
     if preserve and state.sessions.active(session.key(target)):
         raise session.busy(target)  # without dialing; `session.hold` decides for certain

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from subres.server import certs
+from subres.serving import certs
 from tests import gotools
 from tests.cluster import cgroups, hoststate, network
 from tests.cluster.node import Node, NodeBinaries

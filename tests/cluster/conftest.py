@@ -3,7 +3,7 @@
 ``cluster`` is the running two-node cluster (torn down at the end of the
 session, failing the run if the host is not as it was); ``built_images`` two
 builds of the subres image, ``subres_images`` the same imported on every
-node; ``installed`` subres installed by the README's block and rolled out;
+node; ``installed`` subres installed by the block of docs/operating.md and rolled out;
 ``running_vm`` the QEMU example's VM in a pod on node-a with its Machine.
 Later suites (the upgrade, the drills) take these fixtures and get the same
 cluster.

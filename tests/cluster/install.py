@@ -1,6 +1,6 @@
-"""subres installed on the real cluster exactly as the README's install section says.
+"""subres installed on the real cluster exactly as docs/operating.md's install section says.
 
-The README's "In a cluster" section has one ``sh`` block that installs
+Its "Install in a cluster" section has one ``sh`` block that installs
 subres: ``subres certs``, an overlay that names the image, ``kubectl apply
 -k`` and a wait for the APIService. ``install`` runs that block, word for
 word, with ``bash`` in a copy of ``deploy/`` (the generated keys never land
@@ -32,15 +32,15 @@ __all__ = [
     "NEXT_TAG",
     "REPLICAS",
     "Installed",
+    "docs_install_block",
     "install",
-    "readme_install_block",
     "rollout",
     "wait_gone",
     "wait_pods",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+OPERATING = REPO / "docs" / "operating.md"
 NAMESPACE = "subres-system"
 AGENT_NAMESPACE = "subres-agents"
 APISERVICE = "v1alpha1.subresources.subres.dev"
@@ -49,7 +49,7 @@ REPLICAS = "app.kubernetes.io/name=subres"
 AGENTS = "app.kubernetes.io/name=subres-agent"
 """The agent pods' label selector."""
 IMAGE = "localhost/subres:0.1.0"
-"""The image the README's block names (what ``deploy/image/build.py`` tags by default)."""
+"""The image the docs' block names (what ``deploy/image/build.py`` tags by default)."""
 NEXT_TAG = "0.1.0-next"
 """The tag of the image a rolling upgrade goes to."""
 INSTALL_TIMEOUT_S = 300.0
@@ -65,22 +65,22 @@ class Installed:
     script: str
 
 
-def readme_install_block(readme: Path = README) -> str:
-    """The ``sh`` block of the README's "In a cluster" section that runs ``subres certs``."""
-    text = readme.read_text()
-    section = re.search(r"^### In a cluster\n(.*?)(?=^#{2,3} )", text, re.M | re.S)
+def docs_install_block(page: Path = OPERATING) -> str:
+    """The ``sh`` block of docs/operating.md's "Install in a cluster" that runs ``subres certs``."""
+    text = page.read_text()
+    section = re.search(r"^## Install in a cluster\n(.*?)(?=^#{2,3} )", text, re.M | re.S)
     if section is None:
-        raise ClusterError("README.md has no '### In a cluster' section")
+        raise ClusterError(f"{page} has no '## Install in a cluster' section")
     blocks = re.findall(r"^```sh\n(.*?)^```", section[1], re.M | re.S)
     found = [b for b in blocks if "subres certs" in b]
     if len(found) != 1:
-        raise ClusterError(f"README's 'In a cluster' has {len(found)} sh blocks with subres certs")
+        raise ClusterError(f"'Install in a cluster' has {len(found)} sh blocks with subres certs")
     return str(found[0])
 
 
 async def install(cluster: Cluster) -> Installed:
-    """Run the README's install block against `cluster`; raise with its output if it fails."""
-    script = readme_install_block()
+    """Run the docs' install block against `cluster`; raise with its output if it fails."""
+    script = docs_install_block()
     workdir = Path(tempfile.mkdtemp(prefix="subres-install-"))
     shutil.copytree(REPO / "deploy", workdir / "deploy", ignore=shutil.ignore_patterns("certs"))
     tools = workdir / "bin"
@@ -106,7 +106,7 @@ async def install(cluster: Cluster) -> Installed:
             await proc.wait()
     if proc.returncode != 0:
         raise cluster.failure(
-            f"the README's install block exited {proc.returncode}:\n{script}\n{output.decode()}"
+            f"the docs' install block exited {proc.returncode}:\n{script}\n{output.decode()}"
         )
     return Installed(workdir=workdir, output=output.decode(), script=script)
 

@@ -1,4 +1,4 @@
-"""deploy/ installed as shipped, by the README's words, on a real two-node cluster.
+"""deploy/ installed as shipped, by the words of docs/operating.md, on a real two-node cluster.
 
 What an operator's first hour needs to see: both replicas Ready on different
 nodes with the PDB in force, an agent on every node, the APIService
@@ -25,8 +25,8 @@ REPLICAS = install.REPLICAS
 AGENTS = install.AGENTS
 
 
-def test_the_readme_block_is_what_runs(installed: install.Installed) -> None:
-    assert installed.script == install.readme_install_block()
+def test_the_docs_block_is_what_runs(installed: install.Installed) -> None:
+    assert installed.script == install.docs_install_block()
     assert "subres certs --out deploy/certs" in installed.script
     assert "kubectl apply -k deploy/site" in installed.script
 

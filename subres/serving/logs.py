@@ -1,0 +1,85 @@
+"""How `serve` and `demo` log: text for people, or JSON as Kubernetes components write it.
+
+`--logging-format=json` writes one JSON object per line, shaped like the
+structured logs of kube-apiserver and other components (component-base's
+JSON format): `ts` (milliseconds since the epoch, a float), `caller`
+(`dir/file.py:line`), `msg`, `v` (verbosity: 0 for info and warnings, 4 for
+debug) or, for errors, `err`; then the record's key/value pairs. Code logs
+key/values with `extra={"fields": {...}}` (the session-end line does); they
+are merged into the object, without replacing the keys above. The text format
+shows the message as it is.
+
+Libraries log at INFO what only their authors need (asyncssh writes some
+twenty lines per console session), so below WARNING only subres's own
+records, and the access log the operator asked for, are written unless
+`-v` asks for everyone's (`third_party`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any
+
+__all__ = ["OWN", "JsonFormatter", "configure"]
+
+TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEBUG_VERBOSITY = 4
+_RESERVED = frozenset({"ts", "caller", "msg", "v", "err"})
+OWN = ("subres", "aiohttp.access")
+"""Loggers whose INFO records are always written: ours, and the opt-in access log."""
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, as Kubernetes components' `--logging-format=json`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": record.created * 1000,
+            "caller": f"{_short(record.pathname)}:{record.lineno}",
+            "msg": record.getMessage(),
+        }
+        if record.levelno >= logging.ERROR:
+            entry["err"] = _error(record)
+        else:
+            entry["v"] = 0 if record.levelno >= logging.INFO else DEBUG_VERBOSITY
+        entry["logger"] = record.name
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, Mapping):
+            entry.update((str(k), v) for k, v in fields.items() if str(k) not in _RESERVED)
+        if record.exc_info:
+            entry["stacktrace"] = self.formatException(record.exc_info)
+        # Anything json cannot write (a Path, an enum) is written as its text.
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def _short(pathname: str) -> str:
+    parts = PurePath(pathname).parts
+    return "/".join(parts[-2:])
+
+
+def _error(record: logging.LogRecord) -> str:
+    if record.exc_info and record.exc_info[1] is not None:
+        exc = record.exc_info[1]
+        return f"{type(exc).__name__}: {exc}"
+    return record.getMessage()
+
+
+def configure(*, level: int, logging_format: str, third_party: bool = False) -> None:
+    """Send the root logger's records to stderr in `logging_format` at `level`.
+
+    Other libraries' records below WARNING are dropped unless `third_party`.
+    """
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if logging_format == "json" else logging.Formatter(TEXT))
+    if not third_party:
+        handler.addFilter(_own_or_warning)
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def _own_or_warning(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or any(
+        record.name == own or record.name.startswith(f"{own}.") for own in OWN
+    )
