@@ -360,11 +360,14 @@ async def _delete_all_pods(cluster: Cluster) -> None:
             )
 
     async def drained() -> bool:
+        # Every task stopped: the kubelet has killed the containers and stopped the
+        # sandboxes (their networks torn down); it removes what is left on its next
+        # garbage collection, a minute later, which teardown does not wait for.
         for node in cluster.nodes:
             if node.containerd is None or node.containerd.exited() is not None:
                 continue
-            listed = await asyncio.to_thread(node.ctr, "containers", "list", "-q")
-            if listed.strip():
+            listed = await asyncio.to_thread(node.ctr, "tasks", "list")
+            if any(line.split()[-1] != "STOPPED" for line in listed.splitlines()[1:] if line):
                 return False
         return True
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster.cluster import Cluster, ClusterError
-from tests.e2e.controlplane import poll
+from tests.e2e.controlplane import output_of, poll
 
 __all__ = [
     "AGENTS",
@@ -92,23 +92,13 @@ async def install(cluster: Cluster) -> Installed:
         "KUBECACHEDIR": str(workdir / "kubecache"),
         "HOME": str(workdir),
     }
-    proc = await asyncio.create_subprocess_exec(
+    code, output = await output_of(
         "bash", "-euo", "pipefail", "-c", script, cwd=workdir, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        timeout_s=INSTALL_TIMEOUT_S,
     )  # fmt: skip
-    try:
-        async with asyncio.timeout(INSTALL_TIMEOUT_S):
-            output, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise cluster.failure(
-            f"the docs' install block exited {proc.returncode}:\n{script}\n{output.decode()}"
-        )
-    return Installed(workdir=workdir, output=output.decode(), script=script)
+    if code != 0:
+        raise cluster.failure(f"the docs' install block exited {code}:\n{script}\n{output}")
+    return Installed(workdir=workdir, output=output, script=script)
 
 
 async def rollout(cluster: Cluster, kind: str, name: str, namespace: str) -> None:

@@ -25,13 +25,27 @@ from tests.cluster import install, users, vm
 from tests.cluster.cluster import Cluster
 from tests.e2e.controlplane import free_ports, poll
 
-__all__ = ["Live", "LogStreams", "Seen", "cli_env", "live_users", "through"]
+__all__ = ["Live", "LogStreams", "Seen", "cli_env", "lease_holder", "live_users", "through"]
 
 SETTLE_TIMEOUT_S = 90.0
 """Bound on both users getting answers again after a change (the CLIs retry for 60 s)."""
+AUDIT_SETTLE_S = 15.0
+"""Bound on a replica writing a session's end line after its client left."""
 STATE = "subres_drill_mark"
 WORDS = ("reconnect", "Reconnected", "error", "Error", "gave up", "lost", "going away")
 """What makes a CLI's line worth reporting (the VM's own output is not)."""
+
+
+async def lease_holder(cluster: Cluster, subresource: str) -> str:
+    """The replica holding vm1's `subresource` Lease (``console``, ``console-keeper``...)."""
+    leases = await cluster.plane.api(
+        "GET", f"/apis/coordination.k8s.io/v1/namespaces/{install.NAMESPACE}/leases"
+    )
+    prefix = f"{subresource}.machines.{vm.NS}.{vm.NAME}-"
+    for lease in leases["items"]:
+        if lease["metadata"]["name"].startswith(prefix):
+            return str(lease["spec"]["holderIdentity"]).split("/")[0]
+    return ""
 
 
 def cli_env(cluster: Cluster, home: Path) -> dict[str, str]:
@@ -93,6 +107,15 @@ class LogStreams:
             if r["stage"] == "start" and r["session"] not in ended
         )
 
+    async def settle_and_close(self) -> None:
+        """Once the users are gone: wait (bounded) for the sessions' end lines, stop following."""
+
+        async def ended() -> bool:
+            return not self.sessions_without_an_end()
+
+        await poll(ended, timeout_s=AUDIT_SETTLE_S)
+        await self.close()
+
     async def close(self) -> None:
         for proc in self.followed.values():
             if proc.returncode is None:
@@ -128,7 +151,7 @@ async def live_users(cluster: Cluster, home: Path, *, retry_for: str = "2m") -> 
     logs = LogStreams(cluster)
     await logs.follow_replicas()
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(logs.close)
+        stack.push_async_callback(logs.settle_and_close)
         writing = users.Rerun(
             ["console", *target, "--timeout", retry_for], env, stack, re.compile(rb"Connected to")
         )
@@ -192,8 +215,17 @@ class Seen:
         ]
 
 
-async def through(live: Live, what: str, change: Callable[[], Awaitable[None]]) -> Seen:
-    """Run `change` while the writer and the port-forward keep probing; what they saw."""
+async def through(
+    live: Live,
+    what: str,
+    change: Callable[[], Awaitable[None]],
+    *,
+    settle_s: float = SETTLE_TIMEOUT_S,
+) -> Seen:
+    """Run `change` while the writer and the port-forward keep probing; what they saw.
+
+    Probing goes on until both answer again after the change, `settle_s` at most.
+    """
     stop = asyncio.Event()
     probing = [
         asyncio.create_task(live.writer.keep_probing(stop)),
@@ -213,7 +245,7 @@ async def through(live: Live, what: str, change: Callable[[], Awaitable[None]]) 
                 t > changed for t in live.forward.answered
             )
 
-        await poll(both_answer, timeout_s=SETTLE_TIMEOUT_S)
+        await poll(both_answer, timeout_s=settle_s)
         end = time.monotonic()
     finally:
         stop.set()

