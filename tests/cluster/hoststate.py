@@ -139,10 +139,11 @@ def undo(before: HostState) -> list[str]:
     for link in sorted(set(now.links) - set(before.links)):
         if Path("/sys/class/net", link).exists():  # a veth's peer goes with it
             problems += _try(["ip", "link", "delete", link])
-    for table in sorted(set(now.nft_tables) - set(before.nft_tables)):
-        problems += _try(["nft", "delete", *table.split()[1:]])
+    # iptables' rules and chains first: an nftables table it made goes with them below.
     for tool, lines in now.netfilter.items():
         problems += _undo_netfilter(tool, before.netfilter.get(tool, []), lines)
+    for table in sorted(set(now.nft_tables) - set(before.nft_tables)):
+        problems += _try(["nft", "delete", *table.split()])
     for directory in sorted(set(now.cgroups) - set(before.cgroups), key=len, reverse=True):
         for mount in cgroup_mounts():
             with contextlib.suppress(FileNotFoundError):
