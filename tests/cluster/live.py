@@ -25,7 +25,17 @@ from tests.cluster import install, users, vm
 from tests.cluster.cluster import Cluster
 from tests.e2e.controlplane import free_ports, poll
 
-__all__ = ["Live", "LogStreams", "Seen", "cli_env", "lease_holder", "live_users", "through"]
+__all__ = [
+    "Live",
+    "LogStreams",
+    "Outcome",
+    "Seen",
+    "cli_env",
+    "lease_holder",
+    "live_users",
+    "observe",
+    "through",
+]
 
 SETTLE_TIMEOUT_S = 90.0
 """Bound on both users getting answers again after a change (the CLIs retry for 60 s)."""
@@ -294,3 +304,34 @@ async def _shell_kept_state(writer: users.ConsoleWriter) -> bool:
     except (TimeoutError, EOFError):
         return False
     return True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One change as its users lived it, and the audit lines missing once they left."""
+
+    seen: Seen
+    without_an_end: list[str]
+
+    def reconnected(self) -> bool:
+        """Did the writer's CLI reconnect by itself (no run of it ended)?"""
+        return any("Reconnected" in line for line in self.seen.writer_said) and not any(
+            line.startswith("writer") for line in self.seen.exits
+        )
+
+
+async def observe(
+    cluster: Cluster,
+    home: Path,
+    what: str,
+    change: Callable[[], Awaitable[None]],
+    *,
+    settle_s: float = SETTLE_TIMEOUT_S,
+) -> Outcome:
+    """Users attached, `change` made under them, the users gone: the outcome, printed."""
+    async with live_users(cluster, home) as users:
+        seen = await through(users, what, change, settle_s=settle_s)
+    outcome = Outcome(seen, users.logs.sessions_without_an_end())
+    for line in [*seen.report(), f"  sessions without an audit end line: {outcome.without_an_end}"]:
+        print(line)
+    return outcome

@@ -1,23 +1,26 @@
 """Failure drills on real pods while people use the VM: what they see, how long, what is lost.
 
-Each drill starts the same users (a writer probing the VM's shell, an
-observer, a port-forward fetching the guest's page), breaks one thing and
-measures until both get answers again: the replica pod holding the console
-is force-deleted; the agent pod of the VM's node is killed; kube-apiserver
-restarts; the network between the replica holding the console and node-a's
-agent is cut (nftables rules in the nodes' own namespaces, removed after).
-The bound is issue 18's: a failover within 10 s, the VM's shell as it was,
-every session's audit end line.
+Each drill (a module fixture) starts the same users (a writer probing the VM's
+shell, an observer, a port-forward fetching the guest's page), breaks one
+thing and measures until both get answers again, printing what they saw: the
+replica pod holding the console is force-deleted; the agent pod of the VM's
+node is killed; kube-apiserver restarts; the network between the replica
+holding the console and node-a's agent is cut (nftables rules in the nodes'
+own namespaces, removed after). Each expectation is one test, the bound
+issue 18's: a failover within 10 s, nothing lost (the VM's shell as it was,
+every session's audit end line). What misses it today is marked, with why.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from tests.cluster import install, live, network, vm
 from tests.cluster.cluster import Cluster
+from tests.e2e.controlplane import run_sync
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -33,80 +36,171 @@ async def pod_on(cluster: Cluster, namespace: str, selector: str, node: str) -> 
     raise AssertionError(f"no {selector} pod on {node}")
 
 
-async def pod_address(cluster: Cluster, namespace: str, name: str) -> str:
-    pod = await cluster.plane.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-    return str(pod["status"]["podIP"])
+async def console_holder(cluster: Cluster) -> dict[str, str]:
+    """The replica pod whose session Lease holds the writer's console."""
+    holder = await live.lease_holder(cluster, "console")
+    for pod in await install.pods(cluster, install.NAMESPACE, install.REPLICAS):
+        if pod["metadata"]["name"] == holder:
+            return {"name": holder, "ip": pod["status"]["podIP"]}
+    raise AssertionError(f"no console Lease names a live replica ({holder!r})")
 
 
-def report(seen: live.Seen, users: live.Live) -> None:
-    for line in [*seen.report(), f"  without an audit end: {users.logs.sessions_without_an_end()}"]:
-        print(line)
+def drill(
+    cluster: Cluster,
+    home: Path,
+    what: str,
+    change: Callable[[], Awaitable[None]],
+    *,
+    settle_s: float = live.SETTLE_TIMEOUT_S,
+) -> live.Outcome:
+    return run_sync(live.observe(cluster, home, what, change, settle_s=settle_s))
 
 
-def assert_failed_over(seen: live.Seen) -> None:
-    assert seen.shell_kept_state, "the VM's shell is the one the writer had"
-    assert seen.writer_wait.seconds <= FAILOVER_S, seen.report()
-    assert seen.forward_wait.seconds <= FAILOVER_S, seen.report()
+# -- the replica holding the console, force-deleted ------------------------------------
 
 
-async def test_force_deleting_the_replica_that_holds_the_console(
-    cluster: Cluster, running_vm: vm.Vm, tmp_path: Path
-) -> None:
-    async with live.live_users(cluster, tmp_path) as users:
-        holder = await live.lease_holder(cluster, "console")
-        assert holder, "a console Lease names the replica holding the writer"
-        address = await pod_address(cluster, install.NAMESPACE, holder)
+@pytest.fixture(scope="module")
+def replica_deleted(
+    cluster: Cluster, running_vm: vm.Vm, tmp_path_factory: pytest.TempPathFactory
+) -> live.Outcome:
+    holder: dict[str, str] = {}
 
-        async def force_delete() -> None:
-            deleted = await cluster.plane.kubectl(
-                "delete", "pod", holder, "-n", install.NAMESPACE, "--grace-period=0", "--force"
-            )
-            deleted.check()
-            # The API forgets the pod at once; its node kills it a moment later.
-            await install.wait_gone(cluster, address, 8443)
+    async def force_delete() -> None:
+        holder.update(await console_holder(cluster))
+        deleted = await cluster.plane.kubectl(
+            "delete", "pod", holder["name"], "-n", install.NAMESPACE, "--grace-period=0", "--force"
+        )
+        deleted.check()
+        # The API forgets the pod at once; its node kills it a moment later.
+        await install.wait_gone(cluster, holder["ip"], 8443)
 
-        seen = await live.through(users, f"force-deleting replica {holder}", force_delete)
-    report(seen, users)
-    await install.wait_pods(cluster, install.NAMESPACE, install.REPLICAS, count=2)
-    assert any("Reconnected" in line for line in seen.writer_said), seen.writer_said
-    assert_failed_over(seen)
+    home = tmp_path_factory.mktemp("replica")
+    outcome = drill(cluster, home, "force-deleting the replica holding the console", force_delete)
+    run_sync(install.wait_pods(cluster, install.NAMESPACE, install.REPLICAS, count=2))
+    return outcome
 
 
-async def test_killing_the_agent_of_the_vms_node(
-    cluster: Cluster, running_vm: vm.Vm, tmp_path: Path
-) -> None:
-    agent = await pod_on(cluster, install.AGENT_NAMESPACE, install.AGENTS, vm.NODE)
-    async with live.live_users(cluster, tmp_path) as users:
+def test_a_deleted_replicas_users_reconnect_by_themselves(replica_deleted: live.Outcome) -> None:
+    assert replica_deleted.reconnected(), replica_deleted.seen.report()
+    assert replica_deleted.seen.shell_kept_state
 
-        async def kill_agent() -> None:
-            killed = await cluster.plane.kubectl(
-                "delete", "pod", agent["name"], "-n", install.AGENT_NAMESPACE,
-                "--grace-period=0", "--force",
-            )  # fmt: skip
-            killed.check()
-            await install.wait_gone(cluster, agent["ip"], 8444)
 
-        seen = await live.through(users, f"killing agent {agent['name']} on node-a", kill_agent)
-    report(seen, users)
-    await install.wait_pods(cluster, install.AGENT_NAMESPACE, install.AGENTS, count=2)
-    assert_failed_over(seen)
+def test_a_deleted_replicas_console_fails_over_within_10_s(replica_deleted: live.Outcome) -> None:
+    assert replica_deleted.seen.writer_wait.seconds <= FAILOVER_S
+    assert replica_deleted.seen.forward_wait.seconds <= FAILOVER_S
 
 
 @pytest.mark.xfail(
-    reason="today: right after kube-apiserver is back, the reconnecting CLI is answered 403 "
-    "for a user who may (the replica caches denials for 10 s) and gives up; ~45 s for a run "
-    "that answers (see the printed figures)",
+    reason="today: a killed replica writes no end line for the sessions it held, and no "
+    "other replica writes one for it",
     strict=False,
 )
-async def test_restarting_kube_apiserver(
-    cluster: Cluster, running_vm: vm.Vm, tmp_path: Path
+def test_a_deleted_replicas_sessions_keep_their_audit_end_lines(
+    replica_deleted: live.Outcome,
 ) -> None:
-    async with live.live_users(cluster, tmp_path) as users:
-        seen = await live.through(users, "restarting kube-apiserver", cluster.restart_apiserver)
-    report(seen, users)
-    assert any("Reconnected" in line for line in seen.writer_said), seen.writer_said
-    assert_failed_over(seen)
-    assert users.logs.sessions_without_an_end() == []
+    assert replica_deleted.without_an_end == []
+
+
+# -- the agent of the VM's node, killed ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def agent_killed(
+    cluster: Cluster,
+    running_vm: vm.Vm,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> live.Outcome:
+    async def kill_agent() -> None:
+        agent = await pod_on(cluster, install.AGENT_NAMESPACE, install.AGENTS, vm.NODE)
+        killed = await cluster.plane.kubectl(
+            "delete", "pod", agent["name"], "-n", install.AGENT_NAMESPACE,
+            "--grace-period=0", "--force",
+        )  # fmt: skip
+        killed.check()
+        await install.wait_gone(cluster, agent["ip"], 8444)
+
+    home = tmp_path_factory.mktemp("agent")
+    outcome = drill(cluster, home, "killing the agent of node-a", kill_agent)
+    run_sync(install.wait_pods(cluster, install.AGENT_NAMESPACE, install.AGENTS, count=2))
+    return outcome
+
+
+def test_a_killed_agents_users_are_told_and_a_new_run_answers_within_10_s(
+    agent_killed: live.Outcome,
+) -> None:
+    seen = agent_killed.seen
+    assert any('subres agent of node "node-a"' in line for line in seen.exits), seen.exits
+    assert seen.writer_wait.seconds <= FAILOVER_S
+    assert seen.shell_kept_state
+    assert agent_killed.without_an_end == []
+
+
+# -- kube-apiserver, restarted ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def apiserver_restarted(
+    cluster: Cluster,
+    running_vm: vm.Vm,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> live.Outcome:
+    home = tmp_path_factory.mktemp("apiserver")
+    return drill(cluster, home, "restarting kube-apiserver", cluster.restart_apiserver)
+
+
+def test_a_kube_apiserver_restart_loses_nothing_in_the_vm(
+    apiserver_restarted: live.Outcome,
+) -> None:
+    assert apiserver_restarted.seen.shell_kept_state
+
+
+@pytest.mark.xfail(
+    reason="today: right after kube-apiserver is back (ready), the reconnecting CLIs are "
+    "answered 403 for a user who may (a replica caches denials for 10 s) and give up; "
+    "15 to 45 s before a new run answers",
+    strict=False,
+)
+def test_after_a_kube_apiserver_restart_the_clis_reconnect_within_10_s(
+    apiserver_restarted: live.Outcome,
+) -> None:
+    assert apiserver_restarted.reconnected(), apiserver_restarted.seen.exits
+    assert apiserver_restarted.seen.writer_wait.seconds <= FAILOVER_S
+
+
+@pytest.mark.xfail(
+    reason="today: the sessions kube-apiserver carried when it stopped have no end line "
+    "15 s after their users left",
+    strict=False,
+)
+def test_a_kube_apiserver_restart_keeps_every_audit_end_line(
+    apiserver_restarted: live.Outcome,
+) -> None:
+    assert apiserver_restarted.without_an_end == []
+
+
+# -- a replica cut off the agent -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replica_cut_off(
+    cluster: Cluster,
+    running_vm: vm.Vm,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> live.Outcome:
+    async def cut() -> None:
+        agent = await pod_on(cluster, install.AGENT_NAMESPACE, install.AGENTS, vm.NODE)
+        replica = await console_holder(cluster)
+        print(f"  cutting {replica['name']} ({replica['ip']}) off the agent at {agent['ip']}")
+        for node in cluster.nodes:
+            network.cut(node.net.netns, DRILL_TABLE, replica["ip"], agent["ip"])
+
+    home = tmp_path_factory.mktemp("cut")
+    try:
+        # Three times the failover bound tells a freeze from a failover.
+        return drill(cluster, home, "a replica cut off the agent", cut, settle_s=3 * FAILOVER_S)
+    finally:
+        for node in cluster.nodes:
+            network.mend(node.net.netns, DRILL_TABLE)
 
 
 @pytest.mark.xfail(
@@ -115,30 +209,15 @@ async def test_restarting_kube_apiserver(
     "issue 18's peer relays may route around it",
     strict=False,
 )
-async def test_cutting_the_network_between_a_replica_and_the_agent(
-    cluster: Cluster, running_vm: vm.Vm, tmp_path: Path
+def test_a_replica_cut_off_the_agent_fails_over_within_10_s(
+    replica_cut_off: live.Outcome,
 ) -> None:
-    agent = await pod_on(cluster, install.AGENT_NAMESPACE, install.AGENTS, vm.NODE)
-    async with live.live_users(cluster, tmp_path) as users:
-        holder = await live.lease_holder(cluster, "console")
-        assert holder, "a console Lease names the replica holding the writer"
-        replicas = await install.pods(cluster, install.NAMESPACE, install.REPLICAS)
-        [replica_ip] = [p["status"]["podIP"] for p in replicas if p["metadata"]["name"] == holder]
+    assert replica_cut_off.seen.writer_wait.seconds <= FAILOVER_S
+    assert replica_cut_off.seen.shell_kept_state
 
-        async def cut() -> None:
-            for node in cluster.nodes:
-                network.cut(node.net.netns, DRILL_TABLE, replica_ip, agent["ip"])
 
-        try:
-            # Three times the failover bound is enough to tell a freeze from a failover.
-            seen = await live.through(
-                users,
-                f"cutting {holder} ({replica_ip}) off agent {agent['ip']}",
-                cut,
-                settle_s=3 * FAILOVER_S,
-            )
-        finally:
-            for node in cluster.nodes:
-                network.mend(node.net.netns, DRILL_TABLE)
-    report(seen, users)
-    assert_failed_over(seen)
+def test_a_replica_cut_off_the_agent_keeps_the_port_forward(
+    replica_cut_off: live.Outcome,
+) -> None:
+    # The port-forward dials the VM pod's address directly, not through the agent.
+    assert replica_cut_off.seen.forward_wait.seconds <= FAILOVER_S
