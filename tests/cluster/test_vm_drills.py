@@ -13,14 +13,17 @@ every session's audit end line). What misses it today is marked, with why.
 
 from __future__ import annotations
 
+import contextlib
+import re
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import install, live, network, vm
+from tests.cluster import install, live, network, users, vm
 from tests.cluster.cluster import Cluster
-from tests.e2e.controlplane import run_sync
+from tests.e2e.controlplane import poll, run_sync
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -201,6 +204,36 @@ def replica_cut_off(
     finally:
         for node in cluster.nodes:
             network.mend(node.net.netns, DRILL_TABLE)
+        run_sync(_recover(cluster, home))
+
+
+async def _recover(cluster: Cluster, home: Path) -> None:
+    """After the cut: how long until a new console answers; restart the agent if none does.
+
+    The frozen relay may still hold the VM's serial port (QEMU serves one connection
+    at a time) until TCP gives up on it; the later tests need the port back.
+    """
+    started = time.monotonic()
+    if await _console_answers(cluster, home, within_s=60.0):
+        print(f"  after mending, a new console answered in {time.monotonic() - started:.1f} s")
+        return
+    print("  after mending, no new console answered within 60 s: restarting node-a's agent")
+    agent = await pod_on(cluster, install.AGENT_NAMESPACE, install.AGENTS, vm.NODE)
+    (
+        await cluster.plane.kubectl(
+            "delete", "pod", agent["name"], "-n", install.AGENT_NAMESPACE, "--wait=true"
+        )
+    ).check()
+    await install.wait_pods(cluster, install.AGENT_NAMESPACE, install.AGENTS, count=2)
+    assert await _console_answers(cluster, home, within_s=60.0), "the VM's console came back"
+
+
+async def _console_answers(cluster: Cluster, home: Path, *, within_s: float) -> bool:
+    args = ["console", vm.NAME, "-n", vm.NS, "--timeout", "1m"]
+    async with contextlib.AsyncExitStack() as stack:
+        ready = re.compile(rb"Connected to")
+        writer = users.ConsoleWriter(users.Rerun(args, live.cli_env(cluster, home), stack, ready))
+        return await poll(writer.probe, timeout_s=within_s)
 
 
 @pytest.mark.xfail(

@@ -184,17 +184,16 @@ class Rerun:
             await term.wait_for(self.ready, timeout_s=timeout_s)
         return term
 
-    def said(self, since: float, words: Sequence[str]) -> list[str]:
-        """The lines of every run since `since` that contain one of `words`."""
-        found = []
+    def said(self, since: float, words: Sequence[str], *, most: int = 8) -> list[str]:
+        """The distinct lines of every run since `since` that contain one of `words`
+        (the first `most`, with how often each came)."""
+        counted: dict[str, int] = {}
         for term in self.runs:
             text = b"".join(c for when, c in term.chunks if when >= since)
-            found += [
-                line.strip()
-                for line in text.decode(errors="replace").splitlines()
-                if any(w in line for w in words)
-            ]
-        return found
+            for line in text.decode(errors="replace").splitlines():
+                if any(w in line for w in words):
+                    counted[line.strip()] = counted.get(line.strip(), 0) + 1
+        return [f"{line} (x{n})" if n > 1 else line for line, n in counted.items()][:most]
 
     def output(self) -> bytes:
         return b"".join(term.output for term in self.runs)
