@@ -251,9 +251,8 @@ async def through(
         first_after = live.writer.count + 1
 
         async def both_answer() -> bool:
-            return any(t > changed for t in live.writer.answered) and any(
-                t > changed for t in live.forward.answered
-            )
+            # Asked after the change: an answer in flight across it proves nothing.
+            return live.writer.answered_since(changed) and live.forward.answered_since(changed)
 
         await poll(both_answer, timeout_s=settle_s)
         end = time.monotonic()

@@ -205,8 +205,14 @@ class ConsoleWriter:
 
     cli: Rerun
     answered: list[float] = field(default_factory=list)
+    asked: list[float] = field(default_factory=list)
+    """When each answered probe was typed (answered[i] answers asked[i])."""
     unanswered: list[int] = field(default_factory=list)
     count: int = 0
+
+    def answered_since(self, when: float) -> bool:
+        """Was a probe typed after `when` answered?"""
+        return any(sent > when for sent in self.asked)
 
     async def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         """One probe (in a new run if the last one ended); True when the shell answered."""
@@ -214,6 +220,7 @@ class ConsoleWriter:
         n = self.count
         term = await self.cli.current()
         after = len(term.output)
+        sent = time.monotonic()
         try:
             term.write(f"echo probe-{n}-$(({n}*7))\r".encode())
             when = await term.wait_for(
@@ -223,6 +230,7 @@ class ConsoleWriter:
             self.unanswered.append(n)
             return False
         self.answered.append(when)
+        self.asked.append(sent)
         return True
 
     async def keep_probing(self, stop: asyncio.Event) -> None:
@@ -245,11 +253,18 @@ class ForwardProber:
     cli: Rerun | None = None
     """The port-forward behind the port, run again if it exits."""
     answered: list[float] = field(default_factory=list)
+    asked: list[float] = field(default_factory=list)
+    """When each fetch that succeeded began."""
     failures: list[tuple[float, str]] = field(default_factory=list)
+
+    def answered_since(self, when: float) -> bool:
+        """Did a fetch begun after `when` succeed?"""
+        return any(began > when for began in self.asked)
 
     async def fetch(self) -> bool:
         if self.cli is not None:
             await self.cli.current()
+        began = time.monotonic()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
                 reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -265,6 +280,7 @@ class ForwardProber:
             self.failures.append((time.monotonic(), f"answered {page[:60]!r}"))
             return False
         self.answered.append(time.monotonic())
+        self.asked.append(began)
         return True
 
     async def keep_fetching(self, stop: asyncio.Event) -> None:
