@@ -168,6 +168,8 @@ class Process:
     args: list[str]
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None
+    """Where it runs (and so, for ``python -m``, whose code it imports); ours by default."""
 
     def start(self) -> None:
         with self.log.open("ab") as log:
@@ -179,6 +181,7 @@ class Process:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                cwd=self.cwd,
             )
 
     def exited(self) -> int | None:
@@ -247,6 +250,14 @@ class ControlPlane:
         """Process ids of the running etcd, kube-apiserver and kube-controller-manager."""
         processes = (self._etcd, self._apiserver, self._controllers)
         return [p.popen.pid for p in processes if p.popen is not None]
+
+    @property
+    def etcd_pid(self) -> int:
+        """etcd's process id (a benchmark reads its CPU from /proc)."""
+        popen = self._etcd.popen
+        if popen is None:
+            raise self.failure("etcd is not running")
+        return popen.pid
 
     @property
     def apiserver_pid(self) -> int:
