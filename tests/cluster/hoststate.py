@@ -113,7 +113,10 @@ def capture(*, cgroup_base: str = "/") -> HostState:
 
 
 def differences(before: HostState, after: HostState) -> list[str]:
-    """What `after` has that `before` did not, or lacks, in words; empty when equal."""
+    """What `after` has that `before` did not, or lacks, in words; empty when equal.
+
+    Of mounts, links, network namespaces and cgroups only the new ones count.
+    """
     found = [
         f"sysctl {k}: {before.sysctls.get(k)} -> {after.sysctls.get(k)}"
         for k in sorted({*before.sysctls, *after.sysctls})
@@ -121,8 +124,15 @@ def differences(before: HostState, after: HostState) -> list[str]:
     ]
     for tool in sorted({*before.netfilter, *after.netfilter}):
         found += _set_changes(tool, before.netfilter.get(tool, []), after.netfilter.get(tool, []))
-    for name in ("nft_tables", "links", "netns", "mounts", "cgroups"):
-        found += _set_changes(name, getattr(before, name), getattr(after, name))
+    found += _set_changes("nft_tables", before.nft_tables, after.nft_tables)
+    # Mounts, links and namespaces of other programs come and go while a cluster runs
+    # (another test run's, on a shared machine); only new ones can be the cluster's.
+    for name in ("links", "netns", "mounts", "cgroups"):
+        found += [
+            c
+            for c in _set_changes(name, getattr(before, name), getattr(after, name))
+            if c.startswith(f"{name}: + ")
+        ]
     for path in sorted({*before.files, *after.files}):
         found += _set_changes(path, before.files.get(path, []), after.files.get(path, []))
     return found

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from subres.sessions.members import rendezvous
+from subres.sessions.registry import SessionKey
 from tests.cluster import install, users, vm
 from tests.cluster.cluster import Cluster
 from tests.e2e.controlplane import free_ports, poll
@@ -31,7 +33,7 @@ __all__ = [
     "Outcome",
     "Seen",
     "cli_env",
-    "lease_holder",
+    "console_owner",
     "live_users",
     "observe",
     "through",
@@ -46,16 +48,13 @@ WORDS = ("reconnect", "Reconnected", "error", "Error", "gave up", "lost", "going
 """What makes a CLI's line worth reporting (the VM's own output is not)."""
 
 
-async def lease_holder(cluster: Cluster, subresource: str) -> str:
-    """The replica holding vm1's `subresource` Lease (``console``, ``console-keeper``...)."""
-    leases = await cluster.plane.api(
-        "GET", f"/apis/coordination.k8s.io/v1/namespaces/{install.NAMESPACE}/leases"
-    )
-    prefix = f"{subresource}.machines.{vm.NS}.{vm.NAME}-"
-    for lease in leases["items"]:
-        if lease["metadata"]["name"].startswith(prefix):
-            return str(lease["spec"]["holderIdentity"]).split("/")[0]
-    return ""
+async def console_owner(cluster: Cluster) -> str:
+    """The replica that owns vm1's console: it holds the slot, the keeper and the
+    backend connection (rendezvous hashing over the live replicas, as they compute it)."""
+    pods = await install.pods(cluster, install.NAMESPACE, install.REPLICAS)
+    members = [p["metadata"]["name"] for p in pods if "deletionTimestamp" not in p["metadata"]]
+    unit = SessionKey("machines", "console", vm.NS, vm.NAME)
+    return rendezvous(unit, members) or ""
 
 
 def cli_env(cluster: Cluster, home: Path) -> dict[str, str]:

@@ -40,12 +40,12 @@ async def pod_on(cluster: Cluster, namespace: str, selector: str, node: str) -> 
 
 
 async def console_holder(cluster: Cluster) -> dict[str, str]:
-    """The replica pod whose session Lease holds the writer's console."""
-    holder = await live.lease_holder(cluster, "console")
+    """The replica pod that owns the writer's console."""
+    holder = await live.console_owner(cluster)
     for pod in await install.pods(cluster, install.NAMESPACE, install.REPLICAS):
         if pod["metadata"]["name"] == holder:
             return {"name": holder, "ip": pod["status"]["podIP"]}
-    raise AssertionError(f"no console Lease names a live replica ({holder!r})")
+    raise AssertionError(f"no live replica owns the console ({holder!r})")
 
 
 def drill(

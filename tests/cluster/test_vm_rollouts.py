@@ -25,7 +25,7 @@ import yaml
 
 from tests.cluster import install, live, vm
 from tests.cluster.cluster import Cluster
-from tests.e2e.controlplane import poll, run_sync
+from tests.e2e.controlplane import run_sync
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -111,11 +111,8 @@ def upgraded(
 
 
 async def _upgrade(cluster: Cluster, home: Path) -> Upgrade:
-    async def kept() -> bool:
-        return bool(await live.lease_holder(cluster, "console-keeper"))
-
-    assert await poll(kept, timeout_s=60), "a replica keeps vm1's console"
-    before = await live.lease_holder(cluster, "console-keeper")
+    before = await live.console_owner(cluster)
+    assert before, "a replica owns (and keeps) vm1's console"
 
     async def upgrade() -> None:
         image = f"{install.IMAGE.rsplit(':', 1)[0]}:{install.NEXT_TAG}"
@@ -129,7 +126,7 @@ async def _upgrade(cluster: Cluster, home: Path) -> Upgrade:
         await install.wait_pods(cluster, install.NAMESPACE, install.REPLICAS, count=2)
 
     outcome = await live.observe(cluster, home, "rolling upgrade of the Deployment", upgrade)
-    after = await live.lease_holder(cluster, "console-keeper")
+    after = await live.console_owner(cluster)
     pods = await install.pods(cluster, install.NAMESPACE, install.REPLICAS)
     print(f"  keeper before {before!r}, after {after!r}")
     return Upgrade(
