@@ -8,7 +8,7 @@ then the agent DaemonSet restarts; each is one module fixture, each of the
 issue's expectations one test: the CLIs reconnect by themselves, the kept
 console goes on from a new pod, the recording marks the gap, every session has
 its audit end line, nothing is lost in the VM, and a failover takes at most
-10 s (issue 18's bound; today's figures are printed, and what misses it is
+10 s (issue 18's bound; the figures are printed, and what misses it is
 marked with the reason).
 """
 
@@ -162,11 +162,6 @@ def test_the_port_forward_fails_over_within_10_s(upgraded: Upgrade) -> None:
     assert upgraded.outcome.seen.forward_wait.seconds <= FAILOVER_S
 
 
-@pytest.mark.xfail(
-    reason="today: the writer of a kept console waits for the keeper's Lease to move to a "
-    "new pod (503 meanwhile): 2 to 23 s measured here; issue 18's owners are to take 10 s",
-    strict=False,
-)
 def test_the_console_fails_over_within_10_s(upgraded: Upgrade) -> None:
     assert upgraded.outcome.seen.writer_wait.seconds <= FAILOVER_S
 
@@ -197,7 +192,7 @@ def test_rolling_the_agents_loses_nothing_in_the_vm(agents_rolled: live.Outcome)
 
 @pytest.mark.xfail(
     reason="today: the kept console ends for everyone attached when the agent goes (the "
-    "writer's CLI exits 0 and says nothing), and the keeper dials again with a backoff: "
+    "writer's CLI exits 0 and says nothing), and its owner dials again with a backoff: "
     "20 to 26 s before a new run answers",
     strict=False,
 )
