@@ -10,7 +10,8 @@ a takeover shows as who came and who went). Input is not recorded: it holds
 what people type, passwords included, and the output shows its echo.
 Everyone recorded is told so (`BANNER`, first on their stdout).
 
-Files are `DIR/NAMESPACE/NAME/STAMP-ID.cast`; one larger than
+Files are `DIR/NAMESPACE/NAME/STAMP-ID.cast` (`STAMP-CONSOLE-ID.cast` for a
+machine's console other than its default one); one larger than
 `maxFileBytes` goes on in `…-ID.2.cast` and so on. One task writes them all
 (in a worker thread, so a slow disk holds no session back); when all
 recordings together pass `maxTotalBytes`, the oldest finished files are
@@ -31,14 +32,18 @@ from typing import Any
 from subres.config import ConsolesSpec, SubresourceSpec
 from subres.sessions.hub import Hub
 from subres.sessions.recorder import Recorder
+from subres.sessions.target import Target
 
-__all__ = ["BANNER", "FILE_NAME", "Recordings"]
+__all__ = ["BANNER", "FILE_NAME", "Recordings", "title"]
 
 log = logging.getLogger(__name__)
 
 BANNER = b"\r\n[subres: this console session is recorded]\r\n"
-FILE_NAME = re.compile(r"\A\d{8}T\d{6}Z-[0-9a-f]{8}(\.\d+)?\.cast\Z")
-"""What a recording's file name looks like; nothing else is ever opened."""
+FILE_NAME = re.compile(
+    r"\A\d{8}T\d{6}Z-(?:[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?-)?[0-9a-f]{8}(\.\d+)?\.cast\Z"
+)
+"""What a recording's file name looks like (`STAMP-[CONSOLE-]ID.cast`, the console named when
+it is not the machine's default one); nothing else is ever opened."""
 FLUSH_INTERVAL = 0.5
 """Seconds recorded output may wait in memory before it is written."""
 PRUNE_INTERVAL = 60.0
@@ -63,13 +68,18 @@ class Recordings:
             spec.record, obj, self.spec.record_annotation
         )
 
-    def joined(self, hub: Hub, *, namespace: str, name: str, title: str, who: str) -> None:
-        """A session attached to a recorded console; its recording starts if it is the first."""
+    def joined(
+        self, hub: Hub, *, namespace: str, name: str, title: str, who: str, unit: str = ""
+    ) -> None:
+        """A session attached to a recorded console (`unit`: which of the machine's, when it
+        is not the default one); its recording starts if it is the first."""
         recorder = _recorder(hub)
         if recorder is None:
             assert self.directory is not None
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            path = self.directory / namespace / name / f"{stamp}-{secrets.token_hex(4)}.cast"
+            console = f"{unit}-" if unit else ""
+            file = f"{stamp}-{console}{secrets.token_hex(4)}.cast"
+            path = self.directory / namespace / name / file
             recorder = Recorder(
                 path, title=title, max_file=self.spec.max_recording_bytes, size=hub.size
             )
@@ -172,6 +182,12 @@ class Recordings:
                 continue
             log.info("deleted old recording %s (recordings over their cap)", path)
             total -= size
+
+
+def title(target: Target) -> str:
+    """A recording's title: `Machine default/vm1 console` (`… console serial1` for another)."""
+    unit = f" {target.spec.unit}" if target.spec.unit else ""
+    return f"{target.describe()} console{unit}"
 
 
 def _recorder(hub: Hub) -> Recorder | None:
