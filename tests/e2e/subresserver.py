@@ -31,7 +31,6 @@ kube-apiserver would, with its front-proxy certificate.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
