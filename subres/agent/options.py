@@ -12,6 +12,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from subres.serving import loops
 from subres.serving.certs import REPLICA_IDENTITY
 
 __all__ = ["AgentOptions", "add_arguments"]
@@ -43,6 +44,8 @@ class AgentOptions:
     read_size: int
     write_timeout: float = 30.0
     """Seconds a backend may take no data before its relay fails."""
+    loop: str = loops.DEFAULT
+    """The event loop: uvloop or asyncio (`subres.serving.loops`)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> AgentOptions:
@@ -60,6 +63,7 @@ class AgentOptions:
             connect_timeout=ns.connect_timeout,
             read_size=ns.read_size,
             write_timeout=ns.write_timeout,
+            loop=ns.loop,
         )
 
     def validate(self) -> list[str]:
@@ -124,6 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a backend may take no data before its relay fails",
     )
+    loops.add_argument(parser)
     add(
         "--logging-format",
         choices=("text", "json"),

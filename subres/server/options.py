@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subres.backends import agent
-from subres.serving import certs, connections
+from subres.serving import certs, connections, loops
 
 __all__ = [
     "LOOPBACK",
@@ -120,6 +120,8 @@ class Options:
     """Cluster mode: name of the agent container's relay port."""
     session_audit_log: str = "-"
     """Where session audit lines go: "-" stdout, "" nowhere, else a file."""
+    loop: str = loops.DEFAULT
+    """The event loop: uvloop or asyncio (`subres.serving.loops`)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -179,6 +181,7 @@ class Options:
             agent_selector=ns.agent_selector,
             agent_port_name=ns.agent_port_name,
             session_audit_log=ns.session_audit_log,
+            loop=ns.loop,
         )
 
     def validate(self) -> list[str]:
@@ -332,6 +335,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_connection_arguments(parser)
     add_operator_arguments(parser)
+    loops.add_argument(parser)
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
