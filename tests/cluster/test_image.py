@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import re
 import tarfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from tests.cluster import images
 from tests.cluster.conftest import SubresImages
@@ -85,6 +89,19 @@ def test_the_image_lists_its_debian_packages_and_python_distributions(
     assert {name.lower().replace("_", "-"): v for name, v in pins}.items() <= python.items()
     assert python["subres"] == "0.1.0"
     assert "pip" not in python, "the installer is not installed"
+
+
+def test_the_pins_satisfy_every_dependency_of_the_project() -> None:
+    # A dependency pyproject.toml gains must be pinned too: `build.py lock` pins again.
+    project = tomllib.loads((images.REPO / "pyproject.toml").read_text())["project"]
+    pins = dict(
+        re.findall(r"^([\w.-]+)==(\S+)", (RECIPE.parent / "requirements.txt").read_text(), re.M)
+    )
+    pinned = {canonicalize_name(name): Version(v) for name, v in pins.items()}
+    for dependency in map(Requirement, project["dependencies"]):
+        name = canonicalize_name(dependency.name)
+        assert name in pinned, f"{dependency} is not pinned in deploy/image/requirements.txt"
+        assert dependency.specifier.contains(pinned[name]), f"{name}=={pinned[name]}: {dependency}"
 
 
 def test_the_containerfile_says_what_the_recipe_says() -> None:
