@@ -112,8 +112,10 @@ class Options:
     agent_client_key_file: Path | None = None
     agent_server_name: str = ""
     """The name every agent's certificate carries (default subres-agent.<namespace>.svc)."""
+    agent_namespace: str = ""
+    """Cluster mode: where the agent pods run; empty means `service_namespace`."""
     agent_selector: str = "app.kubernetes.io/name=subres-agent"
-    """Cluster mode: label selector of the agent pods in the service namespace."""
+    """Cluster mode: label selector of the agent pods in `agent_namespace`."""
     agent_port_name: str = "relay"
     """Cluster mode: name of the agent container's relay port."""
     session_audit_log: str = "-"
@@ -174,7 +176,8 @@ class Options:
             agent_client_cert_file=ns.agent_client_cert_file,
             agent_client_key_file=ns.agent_client_key_file,
             agent_server_name=ns.agent_server_name
-            or f"{certs.AGENT_SERVICE}.{ns.service_namespace}.svc",
+            or f"{certs.AGENT_SERVICE}.{ns.agent_namespace or ns.service_namespace}.svc",
+            agent_namespace=ns.agent_namespace,
             agent_selector=ns.agent_selector,
             agent_port_name=ns.agent_port_name,
             session_audit_log=ns.session_audit_log,
@@ -467,12 +470,17 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--agent-server-name",
         default="",
-        help="name the agents' certificates carry (default subres-agent.<namespace>.svc)",
+        help="name the agents' certificates carry (default subres-agent.<agent namespace>.svc)",
+    )
+    add(
+        "--agent-namespace",
+        default="",
+        help="cluster mode: the agent pods' namespace (default --service-namespace)",
     )
     add(
         "--agent-selector",
         default="app.kubernetes.io/name=subres-agent",
-        help="cluster mode: label selector of the agent pods in --service-namespace",
+        help="cluster mode: label selector of the agent pods in --agent-namespace",
     )
     add("--agent-port-name", default="relay", help="cluster mode: the agents' relay port name")
 
