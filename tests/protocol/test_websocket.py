@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from subres.protocol.websocket import (
     MAX_LEFTOVER,
     CloseCode,
+    DataReceived,
+    Event,
     FrameDecoder,
     Opcode,
     ProtocolError,
@@ -64,16 +66,23 @@ def test_a_payload_arrives_in_pieces_as_it_comes() -> None:
     decoder = FrameDecoder(max_message=1 << 20)
     frame = client_frame(Opcode.BINARY, bytes(range(200)) * 2, mask=MASK)
     events, consumed = decoder.feed(frame[:100])
-    assert consumed == 100 and len(events) == 1
-    piece = events[0]
+    [piece] = data(events)
+    assert consumed == 100
     assert (piece.start, piece.stop, piece.first, piece.last) == (8, 100, True, False)
     events, consumed = decoder.feed(frame[100:])
-    assert consumed == len(frame) - 100 and len(events) == 1
+    [piece] = data(events)
+    assert consumed == len(frame) - 100
     # The second piece starts 92 bytes into the payload: the mask is turned by 92 % 4 = 0.
-    assert (events[0].mask, events[0].first, events[0].last) == (MASK, False, True)
-    events, _ = decoder.feed(frame[:9])
+    assert (piece.mask, piece.first, piece.last) == (MASK, False, True)
+    decoder.feed(frame[:9])
     events, _ = decoder.feed(b"\x00")  # 1 byte into a new payload after 1 byte
     assert events[0].mask == MASK[1:] + MASK[:1]
+
+
+def data(events: list[Event]) -> list[DataReceived]:
+    """`events`, each checked to be a data piece."""
+    assert all(isinstance(event, DataReceived) for event in events)
+    return [event for event in events if isinstance(event, DataReceived)]
 
 
 def test_an_incomplete_header_is_left_for_the_next_call() -> None:
@@ -84,7 +93,8 @@ def test_an_incomplete_header_is_left_for_the_next_call() -> None:
         assert (events, consumed) == ([], 0)
     assert decoder.feed(frame[:14]) == ([], 14)  # the header alone: no piece yet
     events, consumed = decoder.feed(frame[14:20])
-    assert consumed == 6 and (events[0].start, events[0].stop, events[0].first) == (0, 6, True)
+    [piece] = data(events)
+    assert consumed == 6 and (piece.start, piece.stop, piece.first) == (0, 6, True)
 
 
 def test_empty_messages_and_empty_fragments() -> None:
