@@ -1,13 +1,15 @@
 """Client WebSocket frames for tests, and a reader that drives `FrameDecoder` as a server does.
 
 `client_frame` builds any frame a client could send, well formed or not;
-`Reader` feeds received chunks to a decoder the way the engine does (the
-unconsumed bytes first, then the new chunk) and collects whole messages and
-control frames with their payloads unmasked, so tests compare bytes.
+`read_frame` reads one frame a server sent; `Reader` feeds received chunks to
+a decoder the way the engine does (the unconsumed bytes first, then the new
+chunk) and collects whole messages and control frames with their payloads
+unmasked, so tests compare bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ from subres.protocol.websocket import (
     Opcode,
 )
 
-__all__ = ["Reader", "client_frame", "unmask"]
+__all__ = ["Reader", "client_frame", "read_frame", "unmask"]
 
 
 def unmask(data: bytes, mask: bytes) -> bytes:
@@ -51,6 +53,17 @@ def client_frame(
     if not masked:
         return head + payload
     return head + key + unmask(payload, key)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One unmasked (server) frame from `reader`: its opcode and payload."""
+    head = await reader.readexactly(2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", await reader.readexactly(2))[0]
+    elif length == 127:
+        length = struct.unpack("!Q", await reader.readexactly(8))[0]
+    return head[0] & 0x0F, await reader.readexactly(length)
 
 
 @dataclass

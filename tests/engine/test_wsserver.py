@@ -26,7 +26,7 @@ from aiohttp import web
 from subres.engine.wsserver import HIGH_WATER, ServerWebSocket, WebSocketUpgrade
 from subres.protocol.websocket import Opcode
 from subres.serving import certs
-from tests.wsframes import client_frame
+from tests.wsframes import client_frame, read_frame
 
 Handler = Callable[[ServerWebSocket], Awaitable[None]]
 
@@ -76,16 +76,6 @@ def request_head() -> bytes:
         "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
     ).encode()
-
-
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    head = await reader.readexactly(2)
-    length = head[1] & 0x7F
-    if length == 126:
-        length = struct.unpack("!H", await reader.readexactly(2))[0]
-    elif length == 127:
-        length = struct.unpack("!Q", await reader.readexactly(8))[0]
-    return head[0] & 0x0F, await reader.readexactly(length)
 
 
 async def drain_input(ws: ServerWebSocket) -> None:
