@@ -23,6 +23,7 @@ from aiohttp import hdrs, web
 from subres.engine.wsserver import WebSocketUpgrade
 from subres.kube import status
 from subres.kube.status import StatusError
+from subres.protocol.channels import Dialect, Framing
 from subres.server.state import State
 
 __all__ = [
@@ -53,23 +54,23 @@ def websocket_response(
     request: web.Request,
     *,
     what: str,
-    subprotocol: str,
+    subprotocol: str | Dialect,
     autoclose: bool = True,
-    prefix: bool = False,
 ) -> WebSocketUpgrade:
     """The upgrade of `request` to a WebSocket speaking `subprotocol` ("" none), to accept later.
 
     Raises a 400 (426 for another WebSocket version) Status naming `what`
-    when the request is not a well-formed WebSocket upgrade. `prefix`: binary
-    messages start with a channel byte.
+    when the request is not a well-formed WebSocket upgrade. A channel
+    dialect's binary messages start with their channel byte (`prefix`).
     """
     check(request, what=what)
     session = state.config.session
+    dialect = subprotocol if isinstance(subprotocol, Dialect) else None
     return WebSocketUpgrade(
-        subprotocol=subprotocol,
+        subprotocol=subprotocol.name if isinstance(subprotocol, Dialect) else subprotocol,
         max_message=session.max_message,
         ping_interval=session.ping_interval,
-        prefix=prefix,
+        prefix=dialect is not None and dialect.framing is Framing.BINARY,
         autoclose=autoclose,
     )
 

@@ -24,7 +24,6 @@ from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
-from subres.protocol.channels import Framing
 from subres.server import handshake, subresource
 from subres.server.middleware import who
 from subres.server.state import State
@@ -57,13 +56,7 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
     if dialect is None:
         supported = ", ".join(name for name in wire.DIALECTS if name)
         raise StatusError(400, f"unsupported subprotocols for portforward; supported: {supported}")
-    ws = handshake.websocket_response(
-        state,
-        request,
-        what=SUBRESOURCE,
-        subprotocol=dialect.name,
-        prefix=dialect.framing is Framing.BINARY,
-    )
+    ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect)
     vetted = {
         port: await subresource.vet(state, target, subresource.forward_url(target, port))
         for port in set(ports)

@@ -17,7 +17,7 @@ from subres.engine.websocket import WebSocketClient
 from subres.engine.wsserver import WebSocketUpgrade
 from subres.kube.status import StatusError
 from subres.protocol import channels
-from subres.protocol.channels import Dialect, Framing
+from subres.protocol.channels import Dialect
 from subres.server import handshake
 from subres.server.middleware import USER, who
 from subres.server.state import State
@@ -39,13 +39,7 @@ def negotiate(
         raise StatusError(
             400, f"unsupported subprotocols {offered} for {subresource}; supported: {listed}"
         )
-    ws = handshake.websocket_response(
-        state,
-        request,
-        what=subresource,
-        subprotocol=dialect.name,
-        prefix=dialect.framing is Framing.BINARY,
-    )
+    ws = handshake.websocket_response(state, request, what=subresource, subprotocol=dialect)
     return ws, dialect
 
 
