@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -182,17 +182,14 @@ def _outcome(down: asyncio.Task[Outcome], failure: str) -> Outcome:
 
 
 async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> None:
-    # By attribute, not isinstance: a runtime-checked Protocol costs tens of µs per session.
-    if hasattr(client, "read_gathered") and hasattr(backend, "writelines"):
-        await _up_gathered(cast(Gathering, client), cast(WritesLines, backend), traffic)
-        return
+    read, write = _gathered(client, backend)
     eof_sent = False
     while True:
-        chunk = await client.read()
-        if chunk:
+        chunks = await read()
+        if chunks:
             if not eof_sent:
-                await _to_backend(backend.write(chunk))
-                traffic.up += len(chunk)
+                await _to_backend(write(chunks))
+                traffic.up += sum(map(len, chunks))
         elif client.gone:
             return
         elif not eof_sent:
@@ -200,21 +197,23 @@ async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> No
             eof_sent = True
 
 
-async def _up_gathered(client: Gathering, backend: WritesLines, traffic: Traffic) -> None:
-    """`_up` where what arrived together leaves together: one gathered write, nothing joined."""
-    stream = cast(ClientStream, client)
-    eof_sent = False
-    while True:
-        chunks = await client.read_gathered()
-        if chunks:
-            if not eof_sent:
-                await _to_backend(backend.writelines(chunks))
-                traffic.up += sum(map(len, chunks))
-        elif stream.gone:
-            return
-        elif not eof_sent:
-            await _to_backend(cast(ByteStream, backend).write_eof())
-            eof_sent = True
+def _gathered(
+    client: ClientStream, backend: ByteStream
+) -> tuple[Callable[[], Awaitable[list[Chunk]]], Callable[[list[Chunk]], Awaitable[None]]]:
+    """How the upload reads and writes: what arrived together leaves together in one
+    gathered write when both ends can (nothing joined), else chunk by chunk."""
+    # By attribute, not isinstance: a runtime-checked Protocol costs ~9 µs per check.
+    if hasattr(client, "read_gathered") and hasattr(backend, "writelines"):
+        return cast(Gathering, client).read_gathered, cast(WritesLines, backend).writelines
+
+    async def read() -> list[Chunk]:
+        chunk = await client.read()
+        return [chunk] if chunk else []
+
+    def write(chunks: list[Chunk]) -> Awaitable[None]:
+        return backend.write(cast(bytes, chunks[0]))
+
+    return read, write
 
 
 async def _to_backend(write: Awaitable[None]) -> None:
