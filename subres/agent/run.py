@@ -20,6 +20,7 @@ from aiohttp import web
 
 from subres.agent import relay
 from subres.agent.options import AgentOptions
+from subres.backends import nofollow
 from subres.backends.addresses import IPNetwork
 from subres.config import EndpointPolicySpec
 from subres.protocol import relay as wire
@@ -27,7 +28,7 @@ from subres.server import middleware, tls
 from subres.server.run import raise_open_files_limit
 from subres.streams import internals
 
-__all__ = ["Agent", "build", "main", "policy", "serve"]
+__all__ = ["Agent", "build", "main", "policy", "serve", "socket_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,24 @@ def _within(inner: IPNetwork, outer: IPNetwork) -> bool:
     return False
 
 
+def socket_dirs(options: AgentOptions) -> tuple[nofollow.SocketDir, ...]:
+    """The socket directories: as named, their real paths, and who must own their sockets
+    (the directory's owner unless `--socket-dir DIR=UID[:GID]` says)."""
+    dirs = []
+    for directory in options.socket_dirs:
+        real = os.path.realpath(directory)
+        uid, gid = options.socket_owners.get(directory, (os.stat(real).st_uid, None))
+        dirs.append(nofollow.SocketDir(os.path.normpath(directory), real, uid, gid))
+        log.info("sockets under %s must belong to %s", directory, dirs[-1].owner())
+    return tuple(dirs)
+
+
 def build(options: AgentOptions) -> web.Application:
     """The agent's application: `POST /relay` and nothing else."""
     settings = relay.Relay(
         node=options.node_name,
         policy=policy(options),
+        socket_dirs=socket_dirs(options),
         allowed_names=frozenset(options.allowed_names),
         connect_timeout=options.connect_timeout,
         read_size=options.read_size,

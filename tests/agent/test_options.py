@@ -68,3 +68,19 @@ def test_an_agents_allow_tcp_lifts_only_the_denies_it_names() -> None:
     assert not may_dial("0.0.0.0/0", "169.254.169.254")
     assert not may_dial("::/0", "::ffff:169.254.169.254")
     assert not may_dial("0.0.0.0/0", "127.0.0.1")
+
+
+def test_each_socket_directory_names_the_owner_of_its_sockets(tmp_path: Path) -> None:
+    base = ["agent", "--tls-cert-file=a", "--tls-private-key-file=b", "--client-ca-file=c"]
+    args = [*base, "--node-name=n", f"--socket-dir={tmp_path}=107:108", "--socket-dir=/run/x"]
+    options = AgentOptions.from_args(parser().parse_args(args))
+    assert options.socket_dirs == (tmp_path, Path("/run/x"))
+    assert options.socket_owners == {tmp_path: (107, 108)}
+    assert options.validate() == []
+    # Unnamed, the owner is the directory's own.
+    plain = AgentOptions.from_args(parser().parse_args([*base, f"--socket-dir={tmp_path}"]))
+    [directory] = run.socket_dirs(plain)
+    assert (directory.uid, directory.gid) == (tmp_path.stat().st_uid, None)
+    for owner in ("x", "107:", "-1", "1" * 4400):
+        [problem] = agent_problems("--node-name=n", f"--socket-dir=/run/vms={owner}")
+        assert problem == "--socket-dir /run/vms: the owner must be UID[:GID]", owner
