@@ -14,7 +14,7 @@ from aiohttp import hdrs, web
 
 from subres.backends.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.protocol import httpstream
+from subres.protocol import digits, httpstream
 from subres.server import remotecommand, session, sharing, streaming, subresource
 from subres.server.state import State
 
@@ -30,6 +30,8 @@ SUBPROTOCOLS = (
     "base64.channel.k8s.io",
 )
 """Raw framing (no subprotocol or KubeVirt's) and the Kubernetes channel protocols."""
+MAX_TAIL = (1 << 31) - 1
+"""The most lines `?tail=` may ask for (more than any scrollback holds)."""
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
@@ -88,6 +90,9 @@ def _tail(request: web.Request) -> int | None:
     text = request.query.get("tail")
     if text is None:
         return None
-    if not text.isascii() or not text.isdigit():
-        raise StatusError(400, f"tail must be a number of lines, not {text!r}")
-    return int(text)
+    if not digits.plain(text):
+        raise StatusError(400, f"tail must be a number of lines, not {text[:64]!r}")
+    lines = digits.value(text, cap=MAX_TAIL)
+    if lines > MAX_TAIL:
+        raise StatusError(400, f"tail must be at most {MAX_TAIL} lines")
+    return lines

@@ -18,7 +18,7 @@ import asyncio
 from aiohttp import web
 
 from subres.kube.status import StatusError
-from subres.protocol import channels
+from subres.protocol import channels, digits
 from subres.protocol import portforward_ws as wire
 from subres.server import handshake, session, subresource
 from subres.server.state import State
@@ -137,6 +137,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
 
 
 def _path_port(text: str) -> int:
-    if text.isascii() and text.isdigit() and 0 < int(text) <= 0xFFFF:
-        return int(text)
+    port = digits.value(text, cap=0xFFFF) if digits.plain(text) else 0
+    if 0 < port <= 0xFFFF:
+        return port
     raise StatusError(400, f"invalid port {text!r}: want a number from 1 to 65535")
