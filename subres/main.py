@@ -157,7 +157,7 @@ def _configure_logging(ns: argparse.Namespace) -> None:
 
     level = {0: logging.WARNING, 1: logging.INFO}.get(ns.verbose, logging.DEBUG)
     if ns.verb in ("serve", "demo", "agent"):
-        from subres.server import logs
+        from subres.serving import logs
 
         logs.configure(level=min(level, logging.INFO), logging_format=ns.logging_format)
         return
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verb = str(top.verb)
     ns = parser(only=verb).parse_args(args)
     if argv is None and verb == "serve":
-        from subres.server.reclaim import use_system_malloc
+        from subres.serving.reclaim import use_system_malloc
 
         use_system_malloc()
     if verb not in _CLIENT and (problem := _server_verb_problem(top, ns)):

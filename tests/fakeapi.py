@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from subres.server import certs
+from subres.serving import certs
 
 __all__ = ["FakeApiServer", "start_fake"]
 

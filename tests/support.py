@@ -28,9 +28,9 @@ import websockets
 import yaml
 from websockets.asyncio.client import connect
 
-from subres.server import certs
 from subres.server.options import Options
 from subres.server.run import Server, complete
+from subres.serving import certs
 
 __all__ = [
     "GROUP_VERSION",

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subres.server.certs import REPLICA_IDENTITY
+from subres.serving.certs import REPLICA_IDENTITY
 
 __all__ = ["AgentOptions", "add_arguments"]
 

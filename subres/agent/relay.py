@@ -24,12 +24,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from subres.backends import direct, nofollow
 from subres.backends import endpoint as endpoints
-from subres.backends.stream import BackendUnavailable, ByteStream
+from subres.backends.stream import BackendUnavailable
 from subres.config import EndpointPolicySpec
+from subres.engine.stream import ByteStream
+from subres.engine.upgrade import UpgradedSocket, upgrade
 from subres.kube.status import StatusError
 from subres.protocol import relay
-from subres.server.tls import peer_certificate
-from subres.streams.upgrade import UpgradedSocket, upgrade
+from subres.serving.tls import peer_certificate
 
 __all__ = ["Relay", "handle"]
 

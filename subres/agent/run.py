@@ -23,10 +23,9 @@ from subres.agent.options import AgentOptions
 from subres.backends import nofollow
 from subres.backends.addresses import IPNetwork
 from subres.config import EndpointPolicySpec
+from subres.engine import internals
 from subres.protocol import relay as wire
-from subres.server import middleware, tls
-from subres.server.run import raise_open_files_limit
-from subres.streams import internals
+from subres.serving import connections, errors, tls
 
 __all__ = ["Agent", "build", "main", "policy", "serve", "socket_dirs"]
 
@@ -87,7 +86,7 @@ def build(options: AgentOptions) -> web.Application:
         read_size=options.read_size,
         write_timeout=options.write_timeout,
     )
-    app = web.Application(middlewares=[middleware.errors], client_max_size=0)
+    app = web.Application(middlewares=[errors.errors], client_max_size=0)
     app.router.add_route("POST", wire.PATH, functools.partial(relay.handle, settings))
     return app
 
@@ -143,7 +142,7 @@ class Agent:
 
 async def serve(options: AgentOptions) -> None:
     """Run until SIGTERM or SIGINT."""
-    raise_open_files_limit()
+    connections.raise_open_files_limit()
     agent = Agent(options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

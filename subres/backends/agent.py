@@ -119,7 +119,7 @@ class ClientTLS:
 
 
 def _stamp(path: Path) -> _Stamp:
-    # As server/tls.py stamps its files; the layers keep backends from importing it.
+    # As serving/tls.py stamps its files; the layers keep backends from importing it.
     try:
         status = os.stat(path)
     except OSError:

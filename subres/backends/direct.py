@@ -9,7 +9,7 @@ from __future__ import annotations
 from subres.backends import datagram
 from subres.backends import stream as sockets
 from subres.backends.endpoint import Target
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
 
 __all__ = ["dial"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
 from subres.protocol import rfb
 from subres.protocol.rfb import FramebufferCaptured, Limits, ScreenshotClient
 

@@ -30,9 +30,9 @@ from subres.demo import claim as claims
 from subres.demo.sshd import SshShellServer
 from subres.demo.vnc import VncServer
 from subres.demo.website import Website
-from subres.server import certs
 from subres.server.options import Options, add_operator_arguments
 from subres.server.run import Server, complete
+from subres.serving import certs
 
 __all__ = ["Demo", "add_arguments", "main", "prepare"]
 

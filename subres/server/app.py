@@ -1,7 +1,7 @@
 """The aiohttp application: the route table and what runs around it.
 
 Routes are declared in one table; every handler takes the `State` first.
-Every request passes `middleware.errors` (any failure becomes a `Status`)
+Every request passes `errors.errors` (any failure becomes a `Status`)
 and `middleware.identity` (authenticate 401, authorize 403) before its
 handler. Then, for `…/{resource}/{name}/SUB` (ROUTE: handler; checks before any
 upgrade, each a Status; the live part):
@@ -47,7 +47,6 @@ from aiohttp import web
 
 from subres.server import (
     console,
-    health,
     middleware,
     portforward,
     recordinglist,
@@ -58,6 +57,7 @@ from subres.server import (
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
 from subres.server.keeper import Keeper
 from subres.server.state import State
+from subres.serving import errors, health
 from subres.web import page
 
 __all__ = ["KEEPER", "build"]
@@ -72,7 +72,7 @@ def build(state: State) -> web.Application:
     """The application serving `state`."""
     app = web.Application(
         middlewares=state.connections.around(
-            [middleware.errors, middleware.identity(state)],
+            [errors.errors, middleware.identity(state)],
             authenticated=middleware.authenticated,
         ),
         client_max_size=1 << 20,

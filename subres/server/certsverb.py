@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from subres.server import certs
+from subres.serving import certs
 
 __all__ = ["AGENT_CLIENT_SECRET", "AGENT_SECRET", "SECRET", "add_arguments", "run"]
 

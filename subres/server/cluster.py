@@ -37,7 +37,7 @@ from subres.kube.agents import AgentPods
 from subres.kube.cache import ParentCache
 from subres.kube.informer import Informer, InformerSettings
 from subres.server.options import Options
-from subres.streams.leases import LeaseSettings, SessionLeases
+from subres.sessions.leases import LeaseSettings, SessionLeases
 
 __all__ = ["Cluster", "build"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiohttp import hdrs, web
 
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.protocol import digits, httpstream
 from subres.server import remotecommand, session, sharing, streaming, subresource

@@ -33,13 +33,13 @@ import logging
 import random
 from collections.abc import Mapping
 
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.server import sharing, subresource
 from subres.server.state import State
 from subres.server.subresource import Target
-from subres.streams.scrollback import Scrollback
-from subres.streams.sessions import Busy, Claim, SessionKey
+from subres.sessions.registry import Busy, Claim, SessionKey
+from subres.sessions.scrollback import Scrollback
 
 __all__ = ["KEEPER", "Keeper", "KeptConsole"]
 

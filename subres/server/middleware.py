@@ -1,13 +1,12 @@
-"""Request middleware: Status errors, then authentication and authorization.
+"""Request middleware: authentication and authorization.
 
-Every error leaves as a Kubernetes `Status` with its code. Authentication and
+Errors leave as `Status` objects through `serving.errors`. Authentication and
 authorization run before any handler, so a request that is refused never
 reaches the code that dials a backend.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -21,48 +20,15 @@ from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.server.handshake import offered_subprotocols
 from subres.server.state import State
-from subres.server.tls import peer_certificate
+from subres.serving.tls import peer_certificate
 
-__all__ = ["USER", "authenticated", "errors", "identity", "status_response"]
+__all__ = ["USER", "authenticated", "identity"]
 
 log = logging.getLogger(__name__)
 
 USER = web.RequestKey("user", UserInfo)
 """Request key of the authenticated `UserInfo`."""
-MESSAGES = {
-    404: "the server could not find the requested resource",
-    405: "the server does not allow this method on the requested resource",
-}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def status_response(error: StatusError) -> web.Response:
-    """The HTTP answer for `error`."""
-    response = web.Response(
-        status=error.code,
-        body=json.dumps(error.to_dict()).encode(),
-        content_type="application/json",
-    )
-    for name, value in error.headers:
-        response.headers.add(name, value)
-    return response
-
-
-@web.middleware
-async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every failure into a Status answer."""
-    try:
-        return await handler(request)
-    except StatusError as exc:
-        return status_response(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        default = f"{exc.status}: {exc.reason}"
-        text = exc.text if exc.text and exc.text != default else None
-        return status_response(
-            StatusError(exc.status, text or MESSAGES.get(exc.status, exc.reason))
-        )
 
 
 def identity(state: State) -> Middleware:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subres.backends import agent
-from subres.server import certs, connections
+from subres.serving import certs, connections
 
 __all__ = ["Options", "add_arguments", "add_operator_arguments", "duration"]
 

@@ -19,7 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
+from subres.engine import upgrade
+from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
+from subres.engine.tunnel import WebSocketCarrier
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
@@ -27,9 +30,6 @@ from subres.protocol.spdy import Role
 from subres.server import handshake, session, subresource
 from subres.server.state import State
 from subres.server.subresource import Target
-from subres.streams import upgrade
-from subres.streams.pump import Ending, Outcome, Traffic, pump
-from subres.streams.tunnel import WebSocketCarrier
 
 __all__ = ["PAIRING_TIMEOUT", "handle_spdy", "handle_tunnel", "refusal"]
 

@@ -17,14 +17,14 @@ import asyncio
 
 from aiohttp import web
 
+from subres.engine.portforward_ws import ChannelMux, PortChannel, RawWebSocket
+from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.kube.status import StatusError
 from subres.protocol import channels, digits
 from subres.protocol import portforward_ws as wire
 from subres.server import handshake, session, subresource
 from subres.server.state import State
 from subres.server.subresource import Target
-from subres.streams.portforward_ws import ChannelMux, PortChannel, RawWebSocket
-from subres.streams.pump import Ending, Outcome, Traffic, pump
 
 __all__ = ["PROTOCOLS", "RAW_SUBPROTOCOLS", "handle_channels", "handle_port"]
 

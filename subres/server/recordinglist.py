@@ -19,9 +19,9 @@ from aiohttp import web
 
 from subres.kube.status import StatusError
 from subres.protocol import asciicast
-from subres.server.recordings import FILE_NAME
 from subres.server.state import State
-from subres.server.units import rfc3339
+from subres.serving.units import rfc3339
+from subres.sessions.recordings import FILE_NAME
 
 __all__ = ["listing", "one"]
 

@@ -22,17 +22,17 @@ import logging
 
 from aiohttp import web
 
-from subres.backends.stream import ByteStream, Terminal
+from subres.engine import upgrade
+from subres.engine.pump import Outcome, Traffic, pump
 from subres.engine.spdy import SpdySession, SpdyStream
+from subres.engine.stream import ByteStream, Terminal
+from subres.engine.websocket import CloseCode
 from subres.kube.status import exited, failure
 from subres.protocol import httpstream
 from subres.protocol.spdy import Role
 from subres.server import portforward_spdy, session
 from subres.server.state import State
 from subres.server.subresource import Target
-from subres.streams import upgrade
-from subres.streams.pump import Outcome, Traffic, pump
-from subres.streams.websocket import CloseCode
 
 __all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "negotiate", "serve"]
 

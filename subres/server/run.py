@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import resource
 import signal
 import socket
 from collections.abc import Callable
@@ -36,20 +35,22 @@ from subres.auth.authz import StandaloneAuthorizer
 from subres.auth.cafile import CAFile
 from subres.auth.tokenfile import TokenFile
 from subres.backends.agent import Agents, ClientTLS, Directory, StaticDirectory
+from subres.engine import internals
 from subres.kube.cache import ParentCache
 from subres.kube.informer import InformerSettings
 from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import audit, certs, cluster, connections
-from subres.server.audit import SessionAudit
-from subres.server.events import KubeEvents
-from subres.server.metrics import Metrics
+from subres.server import cluster
 from subres.server.options import Options
 from subres.server.state import State
-from subres.server.tls import ReloadingTLS
-from subres.streams import internals
-from subres.streams.sessions import Sessions
+from subres.serving import certs, connections
+from subres.serving.metrics import Metrics
+from subres.serving.tls import ReloadingTLS
+from subres.sessions import audit
+from subres.sessions.audit import SessionAudit
+from subres.sessions.events import KubeEvents
+from subres.sessions.registry import Sessions
 
 __all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
 
@@ -292,16 +293,9 @@ def _serving_pair(options: Options) -> tuple[Path, Path]:
     return files.cert, files.key
 
 
-def raise_open_files_limit() -> None:
-    """Let each session's two sockets count against the hard limit, not the soft 1024."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 async def serve(options: Options) -> None:
     """Run until SIGTERM or SIGINT, then shut down in order."""
-    raise_open_files_limit()
+    connections.raise_open_files_limit()
     server = complete(options) if options.standalone else await complete_cluster(options)
     signalled = [asyncio.Event(), asyncio.Event()]
 

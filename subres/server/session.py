@@ -42,13 +42,13 @@ from typing import Any
 
 from aiohttp import web
 
+from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
-from subres.server import events, recordings
 from subres.server.middleware import USER
 from subres.server.state import State
 from subres.server.subresource import Target
-from subres.streams.pump import Ending, Outcome, Traffic
-from subres.streams.sessions import Busy, Claim, Closable, SessionKey
+from subres.sessions import events, recordings
+from subres.sessions.registry import Busy, Claim, Closable, SessionKey
 
 __all__ = [
     "FORWARDER",

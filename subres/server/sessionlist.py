@@ -23,8 +23,8 @@ from subres.kube.status import StatusError
 from subres.server import subresource
 from subres.server.session import Live, Record
 from subres.server.state import State
-from subres.server.units import human_age, human_bytes, rfc3339
-from subres.streams.leases import USER_ANNOTATION
+from subres.serving.units import human_age, human_bytes, rfc3339
+from subres.sessions.leases import USER_ANNOTATION
 
 __all__ = ["COLUMNS", "for_machine", "for_namespace", "item"]
 

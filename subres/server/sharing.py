@@ -1,22 +1,22 @@
 """Which byte stream a console session pumps: its own backend, or a share of the console.
 
 A writer dials the machine's console, and its output also goes to the
-console's hub (`streams.hub.Tee`), where observers read it; a kept console's
-writer dials nothing and uses the kept connection (`streams.hub.KeptPort`).
-An observer dials nothing: it reads the hub (`streams.hub.Feed`), and what it
+console's hub (`sessions.hub.Tee`), where observers read it; a kept console's
+writer dials nothing and uses the kept connection (`sessions.hub.KeptPort`).
+An observer dials nothing: it reads the hub (`sessions.hub.Feed`), and what it
 types is dropped.
 """
 
 from __future__ import annotations
 
-from subres.backends.stream import ByteStream
+from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.server import subresource
 from subres.server.session import key
 from subres.server.state import State
 from subres.server.subresource import Target
-from subres.streams.hub import Feed, Hub, KeptPort, Tee
-from subres.streams.sessions import SessionKey
+from subres.sessions.hub import Feed, Hub, KeptPort, Tee
+from subres.sessions.registry import SessionKey
 
 __all__ = ["hub", "keeper_key", "key", "observe", "write"]
 

@@ -22,13 +22,13 @@ from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.kube.secrets import NoSecrets, Secrets
 from subres.server import discovery, openapi
-from subres.server.audit import SessionAudit
-from subres.server.connections import Guard
-from subres.server.events import Events, NoEvents
-from subres.server.metrics import Metrics
-from subres.server.reclaim import Reclaimer
-from subres.server.recordings import Recordings
-from subres.streams.sessions import Sessions
+from subres.serving.connections import Guard
+from subres.serving.metrics import Metrics
+from subres.serving.reclaim import Reclaimer
+from subres.sessions.audit import SessionAudit
+from subres.sessions.events import Events, NoEvents
+from subres.sessions.recordings import Recordings
+from subres.sessions.registry import Sessions
 
 __all__ = ["Authenticator", "Authorizer", "State"]
 

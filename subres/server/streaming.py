@@ -11,15 +11,15 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from subres.backends.stream import ByteStream, Terminal
+from subres.engine.pump import pump
+from subres.engine.stream import ByteStream, Terminal
+from subres.engine.websocket import WebSocketClient
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol.channels import Dialect
 from subres.server import handshake, session
 from subres.server.state import State
 from subres.server.subresource import Target
-from subres.streams.pump import pump
-from subres.streams.websocket import WebSocketClient
 
 __all__ = ["negotiate", "serve"]
 

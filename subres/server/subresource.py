@@ -18,8 +18,9 @@ from subres import fields
 from subres.backends import direct, ssh
 from subres.backends import endpoint as endpoints
 from subres.backends.agent import AgentUnavailable
-from subres.backends.stream import BackendUnavailable, ByteStream
+from subres.backends.stream import BackendUnavailable
 from subres.config import ANY_PORT, ParentSpec, Requirement, SubresourceSpec, field_value
+from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.server.state import State
 

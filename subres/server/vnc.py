@@ -1,7 +1,7 @@
 """`…/{resource}/{name}/vnc` and `…/vnc-observe`: the display, shared by its viewers.
 
 Each viewer has its own connection to the VNC server, which shares the
-display among them (subres asks it to for every viewer: `streams.viewer`).
+display among them (subres asks it to for every viewer: `sessions.viewer`).
 `vnc` is the interactive viewer, validated, dialed and streamed as the
 console is (`streaming`): one per machine, a new one takes over, unless it
 asks `?preserveSession=true`, which is refused with 409 while another is
@@ -17,7 +17,7 @@ from aiohttp import web
 
 from subres.server import session, streaming, subresource
 from subres.server.state import State
-from subres.streams.viewer import GuardedDisplay
+from subres.sessions.viewer import GuardedDisplay
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 

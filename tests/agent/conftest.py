@@ -18,7 +18,7 @@ import pytest
 
 from subres.agent.options import AgentOptions
 from subres.agent.run import Agent
-from subres.server import certs
+from subres.serving import certs
 from tests.support import Standalone, node_local_config, start_standalone
 
 __all__ = ["AgentPKI", "Nodes", "node_machine"]

@@ -27,7 +27,7 @@ from subres.backends import endpoint as endpoints
 from subres.backends.agent import Agents, ClientTLS, StaticDirectory
 from subres.config import EndpointPolicySpec
 from subres.protocol import relay
-from subres.server import certs
+from subres.serving import certs
 from tests.agent.conftest import (
     NAMESPACE,
     NODE_LOCAL_PORTFORWARD,

@@ -10,7 +10,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from subres.auth import authconfig
 from subres.auth.authn import Unauthenticated
 from subres.auth.requestheader import FrontProxy, RequestHeaderConfig, unescape_extra_key
-from subres.server import certs
+from subres.serving import certs
 
 PROXY_CA = certs.generate_ca("front-proxy-ca")
 OTHER_CA = certs.generate_ca("client-ca")

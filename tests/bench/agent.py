@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from subres.server import certs
+from subres.serving import certs
 from tests.bench.procs import Child, spawn, wait_listening
 from tests.support import node_local_config
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from subres.server import certs
+from subres.serving import certs
 from tests import stuck_clients as stuck
 from tests.bench.procs import Child, bench_header, bench_main, serve_standalone
 

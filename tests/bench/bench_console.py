@@ -48,7 +48,7 @@ import aiohttp
 import asyncssh
 import yaml
 
-from subres.server import certs
+from subres.serving import certs
 from tests.bench import cycles, memory, sharing
 from tests.bench.agent import NODE, start_agent
 from tests.bench.client import RAW, V5, Target, raise_open_files_limit

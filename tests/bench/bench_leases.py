@@ -45,8 +45,8 @@ from pathlib import Path
 import aiohttp
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from subres.streams.leases import lease_name
-from subres.streams.sessions import SessionKey
+from subres.sessions.leases import lease_name
+from subres.sessions.registry import SessionKey
 from tests.e2e import controlplane, subresserver
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.subresserver import Profile, Subres

@@ -30,7 +30,7 @@ import aiohttp
 import yaml
 from PIL import Image
 
-from subres.server import certs
+from subres.serving import certs
 from tests.bench.procs import Child, bench_header, bench_main, serve_standalone, spawn
 
 __all__ = ["main"]

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from subres.server import certs
+from subres.serving import certs
 from tests import gotools
 from tests.bench.agent import NODE, BenchAgent, start_agent
 from tests.bench.client import GROUP_PATH, RAW

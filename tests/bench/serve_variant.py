@@ -39,7 +39,8 @@ from aiohttp import web
 
 from subres.server import app as application
 from subres.server import options as serve_options
-from subres.server.run import Server, complete, raise_open_files_limit
+from subres.server.run import Server, complete
+from subres.serving.connections import raise_open_files_limit
 
 __all__ = ["main"]
 

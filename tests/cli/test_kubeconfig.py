@@ -22,7 +22,7 @@ import yaml
 from subres.cli import kubeconfig
 from subres.cli.kubeconfig import ClientConfig, KubeconfigError
 from subres.main import parser
-from subres.server import certs
+from subres.serving import certs
 
 HANDSHAKE_TIMEOUT = 10.0
 V1 = "client.authentication.k8s.io/v1"

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from subres.server import certs
+from subres.serving import certs
 from tests import gotools
 from tests.e2e import credentials
 from tests.e2e.credentials import ADMIN_USER, StaticUser

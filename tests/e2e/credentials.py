@@ -5,7 +5,7 @@ client CA with an admin in ``system:masters``, the front-proxy CA and the
 client certificate kube-apiserver presents to aggregated servers, the
 service-account signing key, the static token file (``alice``, ``bob``), and
 kubeconfigs (admin by certificate, anyone by bearer token). Certificates come
-from ``subres.server.certs``.
+from ``subres.serving.certs``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from subres.server import certs
+from subres.serving import certs
 
 __all__ = [
     "ADMIN_USER",

@@ -43,7 +43,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from subres.server import certs
+from subres.serving import certs
 from tests.e2e.aggregation import apiservice_condition, wait_apiservice_available
 from tests.e2e.controlplane import ControlPlane, ControlPlaneError, Process, free_ports, poll
 from tests.support import LOOPBACK_POLICY

@@ -27,8 +27,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from subres.streams.leases import LABELS, USER_ANNOTATION, lease_name
-from subres.streams.sessions import SessionKey
+from subres.sessions.leases import LABELS, USER_ANNOTATION, lease_name
+from subres.sessions.registry import SessionKey
 from tests.e2e import subresserver
 from tests.e2e.controlplane import ControlPlane, poll, run_sync
 from tests.e2e.subresserver import Profile, Subres

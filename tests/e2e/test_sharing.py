@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from subres.streams.leases import lease_name
-from subres.streams.sessions import SessionKey
+from subres.sessions.leases import lease_name
+from subres.sessions.registry import SessionKey
 from tests.consoles import stdout_until
 from tests.e2e.controlplane import ControlPlane, poll, run_sync
 from tests.e2e.subresserver import GROUP, Subres

@@ -37,7 +37,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
 from subres.demo.vnc import Display, VncServer
-from subres.server import certs
+from subres.serving import certs
 from tests.e2e import subresserver
 from tests.e2e.controlplane import APIError, ControlPlane, KubectlResult, poll, run_sync
 from tests.e2e.subresserver import GROUP, SERVER_NAME, VERSION, Subres

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import websockets
 
-from subres.server import audit
-from subres.server.audit import MAX_PENDING, SessionAudit
-from subres.server.events import EventSettings, KubeEvents
-from subres.server.metrics import Metrics
+from subres.serving.metrics import Metrics
+from subres.sessions import audit
+from subres.sessions.audit import MAX_PENDING, SessionAudit
+from subres.sessions.events import EventSettings, KubeEvents
 from tests.server.test_cluster import client_ssl, cluster
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone, wait_for
 

@@ -20,9 +20,9 @@ import yaml
 
 from subres.auth.authconfig import ConfigLookupError
 from subres.kube.informer import InformerSettings
-from subres.server import certs
 from subres.server.options import Options
 from subres.server.run import Server, complete_cluster
+from subres.serving import certs
 from tests.fakeapi import FakeApiServer, start_fake
 from tests.support import GROUP_VERSION, LOOPBACK_POLICY, Backend, machine, wait_for
 

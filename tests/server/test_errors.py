@@ -15,7 +15,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from subres.server import certs
+from subres.serving import certs
 from tests.support import Backend, Standalone, machine, start_standalone
 
 

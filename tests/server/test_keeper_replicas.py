@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from subres.server.run import Server
-from subres.streams.leases import lease_name
-from subres.streams.sessions import SessionKey
+from subres.sessions.leases import lease_name
+from subres.sessions.registry import SessionKey
 from tests.server.test_replicas import as_user, echoes, replicas, url
 from tests.support import Backend, machine, wait_for
 

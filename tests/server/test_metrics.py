@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from subres.server import certs
-from subres.server.metrics import request_kind
 from subres.server.run import Server
+from subres.serving import certs
+from subres.serving.metrics import request_kind
 from tests.server.test_cluster import CLIENT_CA, client_ssl, cluster
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from subres.server.reclaim import Reclaimer
+from subres.serving.reclaim import Reclaimer
 from tests.support import Backend, machine, start_standalone, wait_for
 
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from subres.protocol import asciicast
-from subres.server.recordings import BANNER
+from subres.sessions.recordings import BANNER
 from tests.consoles import stdout_until
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone, wait_for
 

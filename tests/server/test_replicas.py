@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from subres.server import certs
 from subres.server.run import Server, complete_cluster
-from subres.streams.leases import USER_ANNOTATION, lease_name
-from subres.streams.sessions import SessionKey
+from subres.serving import certs
+from subres.sessions.leases import USER_ANNOTATION, lease_name
+from subres.sessions.registry import SessionKey
 from tests.fakeapi import FakeApiServer, start_fake
 from tests.server.test_cluster import FAST, PROXY_CA, client_ssl, configmap, options
 from tests.support import GROUP_VERSION, Backend, machine, wait_for

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from subres.server import units
+from subres.serving import units
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone, wait_for
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"

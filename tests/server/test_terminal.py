@@ -21,7 +21,7 @@ from subres.backends.stream import SocketStream
 from subres.protocol.channels import TerminalSize
 from subres.protocol.spdy import DataReceived, StreamReplied
 from tests.server.kubepeer import machine_path, pf_machine, run_exec
-from tests.streams.spdyclient import SpdyClient
+from tests.engine.spdyclient import SpdyClient
 from tests.support import Backend, Standalone, start_standalone
 
 

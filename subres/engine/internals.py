@@ -1,0 +1,131 @@
+"""The one place that touches aiohttp's and asyncio's private internals.
+
+subres needs four things no public API offers:
+
+- `take_over`: the bytes after our own `101` for SPDY/3.1, which aiohttp does
+  not know (its request handler's `set_parser`, as its own WebSocket
+  support uses it);
+- `drain`: waiting for that connection's write buffer to drain
+  (`_drain_helper` of aiohttp's protocol);
+- `binary_queued`: whether the next WebSocket message is already received,
+  so raw uploads batch several messages into one backend write (aiohttp's
+  message queue, `ws._reader._buffer`);
+- `share_ssl_read_buffer`: one TLS read buffer per process instead of
+  asyncio's 256 KiB per connection (`asyncio.sslproto.SSLProtocol`).
+
+On import, `check` verifies the shape each relies on and raises
+`InternalsChanged` naming what moved, so a changed dependency stops the
+server at start instead of failing on a live session;
+`tests/engine/test_internals.py` drives every one against the real objects.
+`pyproject.toml` bounds the versions this was written for (`TESTED`).
+"""
+
+from __future__ import annotations
+
+import logging
+from asyncio import sslproto
+from typing import Any
+
+import aiohttp
+from aiohttp import WSMsgType, web
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.web_protocol import RequestHandler
+
+__all__ = [
+    "TESTED",
+    "InternalsChanged",
+    "binary_queued",
+    "check",
+    "drain",
+    "share_ssl_read_buffer",
+    "take_over",
+]
+
+log = logging.getLogger(__name__)
+
+TESTED = {"aiohttp": ((3, 14), (3, 15))}
+"""Versions (from, up to but excluding) whose internals this module was checked against."""
+
+
+class InternalsChanged(ImportError):
+    """A private detail subres relies on is not where it was; the message names it."""
+
+
+def take_over(request: web.Request, parser: Any) -> None:
+    """From now on every byte of `request`'s connection goes to `parser`, not to HTTP.
+
+    `parser` has `feed_data(bytes) -> (False, b"")` and `feed_eof()`; call
+    this before the `101` leaves, and the connection takes no further request.
+    """
+    request.protocol.set_parser(parser)
+    request.protocol.keep_alive(False)
+
+
+async def drain(request: web.Request) -> None:
+    """Wait while the connection's write buffer is above its high-water mark."""
+    await request.protocol._drain_helper()
+
+
+def binary_queued(ws: web.WebSocketResponse) -> bool:
+    """Whether aiohttp already parsed the next message and it is binary data.
+
+    Then `receive()` returns it without waiting. Answers False whenever the
+    queue is not as expected, which only gives up the batching.
+    """
+    queue = getattr(getattr(ws, "_reader", None), "_buffer", None)
+    try:
+        return bool(queue) and queue[0][0].type is WSMsgType.BINARY  # type: ignore[index]
+    except (TypeError, IndexError, AttributeError):
+        return False
+
+
+def share_ssl_read_buffer() -> None:
+    """Give every TLS connection in this process one shared socket read buffer.
+
+    asyncio (3.11 to 3.13) gives each TLS connection its own zero-filled 256 KiB
+    buffer for socket reads: 256 of the ~300 KiB an idle console session costs.
+    The buffer only holds bytes between `recv_into` and the copy into the
+    connection's MemoryBIO, both in one synchronous callback on the loop thread,
+    so one buffer serves every connection. Idempotent.
+    """
+    protocol = sslproto.SSLProtocol
+    if getattr(protocol, "_subres_shared_buffer", False):
+        return
+    shared = bytearray(protocol.max_size)
+    view = memoryview(shared)
+    original = protocol.__init__
+
+    def init(self: sslproto.SSLProtocol, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self._ssl_buffer = shared  # type: ignore[attr-defined]
+        self._ssl_buffer_view = view  # type: ignore[attr-defined]
+
+    protocol.__init__ = init  # type: ignore[method-assign]
+    protocol._subres_shared_buffer = True  # type: ignore[attr-defined]
+
+
+def check() -> None:
+    """Raise `InternalsChanged` unless every detail above is where this module expects it."""
+    expected = {
+        "aiohttp RequestHandler.set_parser": hasattr(RequestHandler, "set_parser"),
+        "aiohttp RequestHandler.keep_alive": hasattr(RequestHandler, "keep_alive"),
+        "aiohttp BaseProtocol._drain_helper": hasattr(BaseProtocol, "_drain_helper"),
+        "asyncio SSLProtocol.max_size": isinstance(
+            getattr(sslproto.SSLProtocol, "max_size", None), int
+        ),
+        "asyncio SSLProtocol._ssl_buffer_view": "_ssl_buffer_view"
+        in sslproto.SSLProtocol.__init__.__code__.co_names,
+    }
+    if missing := [name for name, present in expected.items() if not present]:
+        raise InternalsChanged(f"private internals subres relies on are gone: {', '.join(missing)}")
+    version = tuple(int(p) for p in aiohttp.__version__.split(".")[:2])
+    low, high = TESTED["aiohttp"]
+    if not low <= version < high:
+        log.warning(
+            "aiohttp %s is outside the versions subres's internals were checked against (%s)",
+            aiohttp.__version__,
+            "{}.{} to before {}.{}".format(*low, *high),
+        )
+
+
+check()

@@ -1,0 +1,126 @@
+"""The raw bytes of an aiohttp connection after our own `101 Switching Protocols`.
+
+aiohttp upgrades WebSockets itself but knows nothing of SPDY/3.1: its HTTP
+parser would read the client's first SPDY frame as a new request. As
+aiohttp's `WebSocketResponse` does, we install our own payload parser on the
+request's protocol BEFORE the 101 goes out (`internals.take_over`), so every
+byte after the request reaches us; aiohttp keeps the transport and still sees
+the connection close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+
+from aiohttp import web
+
+from subres.engine import internals
+
+__all__ = ["CLOSE_LINGER", "READ_HIGH_WATER", "UpgradedSocket", "linger", "upgrade"]
+
+READ_HIGH_WATER = 256 * 1024
+"""Bytes received and not yet read before the socket stops reading."""
+CLOSE_LINGER = 5.0
+"""Seconds a closing connection waits for the peer to hang up first.
+
+Closing first loses data: a Go peer that sees EOF drops the frames it has read
+but not yet handed to its streams (the final exit status among them), and a
+peer whose unread bytes meet a closed socket gets a TCP reset.
+"""
+
+
+async def linger(read: Callable[[], Awaitable[bytes]], seconds: float = CLOSE_LINGER) -> None:
+    """Read and drop what the peer still sends until it hangs up, at most `seconds`."""
+    with contextlib.suppress(TimeoutError, OSError, RuntimeError):
+        async with asyncio.timeout(seconds):
+            while await read():
+                pass
+
+
+class UpgradedSocket:
+    """A byte carrier over the upgraded connection: read, write with drain, close."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("the client went away before the upgrade")
+        self._transport = transport
+        # Chunks as the transport delivered them, joined only when read.
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._eof = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+
+    # aiohttp's protocol calls these two as a payload parser's.
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        """Bytes from the client; reading pauses while too many wait."""
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size >= READ_HIGH_WATER and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
+        return False, b""
+
+    def feed_eof(self) -> None:
+        """The connection is gone."""
+        self._eof = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def read(self) -> bytes:
+        """What arrived since the last read; b"" once the client is gone."""
+        while not self._chunks and not self._eof:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunks = self._chunks
+        if not chunks:
+            data = b""
+        elif len(chunks) == 1:
+            data = bytes(chunks[0])
+        else:
+            data = b"".join(chunks)
+        self._chunks = []
+        self._size = 0
+        if self._paused and not self._transport.is_closing():
+            self._paused = False
+            self._transport.resume_reading()
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """Send `data`, waiting while the transport's buffer is above its high-water mark."""
+        if self._transport.is_closing():
+            raise ConnectionResetError("the client connection is closed")
+        self._transport.write(data)
+        # aiohttp's own writers wait for drain this way (pause_writing/resume_writing).
+        await internals.drain(self._request)
+
+    async def close(self) -> None:
+        """Let the peer hang up first (within `CLOSE_LINGER`), then close."""
+        await linger(self.read)
+        self._transport.close()
+
+
+async def upgrade(
+    request: web.Request, headers: Iterable[tuple[str, str]]
+) -> tuple[web.StreamResponse, UpgradedSocket]:
+    """Answer `101` with `headers` and take over the connection's bytes."""
+    response = web.StreamResponse(status=101)
+    for name, value in headers:
+        response.headers.add(name, value)
+    # Neither keep-alive nor a further request: the connection is ours now.
+    response.force_close()
+    socket = UpgradedSocket(request)
+    internals.take_over(request, socket)
+    await response.prepare(request)
+    return response, socket

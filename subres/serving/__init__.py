@@ -1,0 +1,1 @@
+"""What every listening program needs: TLS, connection limits, errors, health, metrics, logs."""

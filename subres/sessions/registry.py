@@ -1,0 +1,252 @@
+"""Live sessions: one interactive session per machine and subresource, and shutdown.
+
+A second console on the same machine takes over: the first client gets a
+close frame saying so and naming who took over. A session that asks to
+preserve another is refused while one holds the slot. On shutdown every live
+session is told the server is going away, and dropped if it does not end in
+time.
+
+A session takes its slot in two steps. `claim` runs before the protocol
+upgrade, so that a refusal (`Busy`) or a failure to coordinate is still an
+HTTP `Status`; it takes the slot over at once. `start` binds the upgraded
+session to its claim; `end` unbinds it and `release` gives the slot up.
+
+Observers are live sessions without a slot: they read a console's `Hub`,
+which outlives any one writer (`hubs`, made on demand, forgotten when idle).
+
+Standalone, the slots are this table alone. In cluster mode a `Shared` lock
+(session Leases, `subres.sessions.leases`) makes them hold across replicas:
+`claim` first writes the Lease, and the lock calls `taken_over` when another
+replica's session took a slot this one held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from subres.engine.websocket import CloseCode
+from subres.sessions.hub import Hub
+
+__all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions", "Shared"]
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    """Which exclusive session slot: parent resource, subresource, namespace and name."""
+
+    resource: str
+    """The parent's resource (`machines`): a Host and a Machine of one name are two slots."""
+    subresource: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.subresource} of {self.namespace}/{self.name}"
+
+
+class Closable(Protocol):
+    """A client side that can be closed with a code and reason."""
+
+    async def close(self, code: int = ..., reason: str = ...) -> None:
+        """Close the client side."""
+
+
+class LiveSession(Closable, Protocol):
+    """What the registry needs of a session: ways to end it, politely or not."""
+
+    def drop(self) -> None:
+        """Drop the client's connection at once, without a goodbye (shutdown's last resort)."""
+
+
+class Busy(Exception):
+    """A session asked to preserve another while the slot is held."""
+
+    def __init__(self, key: SessionKey) -> None:
+        super().__init__(f"{key} is held by another session")
+        self.key = key
+
+
+@dataclass(eq=False)
+class Claim:
+    """One session's hold on an exclusive slot, from before its upgrade to its end."""
+
+    key: SessionKey
+    user: str
+    """Who asked: named to the session this one takes over."""
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    """Unique per session; the Lease's holder identity carries it."""
+    session: LiveSession | None = None
+    """The upgraded session, once `start` bound it."""
+    lost: str | None = None
+    """Why the slot was taken from this claim, once it was."""
+
+
+class Shared(Protocol):
+    """Exclusive slots shared with other replicas."""
+
+    def held(self, key: SessionKey) -> bool:
+        """True while a fresh holder (of any replica) holds `key`, as last seen."""
+        ...
+
+    async def acquire(self, claim: Claim, *, preserve: bool) -> None:
+        """Take the slot for `claim`; `Busy` when `preserve` and someone fresh holds it.
+
+        Raises `StatusError` when the replicas cannot be coordinated.
+        """
+        ...
+
+    def release(self, claim: Claim) -> None:
+        """Give the slot up (in the background) unless it was taken since."""
+        ...
+
+    def on_taken_over(self, notify: Callable[[Claim, str], None]) -> None:
+        """Call `notify(claim, user)` when another replica's session of `user` took a slot."""
+        ...
+
+
+@dataclass
+class Sessions:
+    """The registry of live sessions and of the claims on exclusive slots."""
+
+    shared: Shared | None = None
+    """Cluster mode's lock across replicas; None standalone."""
+    exclusive: dict[SessionKey, Claim] = field(default_factory=dict)
+    live: set[LiveSession] = field(default_factory=set)
+    _claiming: dict[SessionKey, int] = field(default_factory=dict)
+    _locks: dict[SessionKey, asyncio.Lock] = field(default_factory=dict)
+    hubs: dict[SessionKey, Hub] = field(default_factory=dict)
+    """Consoles with observers, a writer that observers may join, or a keeper."""
+    on_ended: Callable[[int], None] | None = None
+    """Told how many sessions are still live after one ends (memory reclaim hooks here)."""
+    _closing: set[asyncio.Task[None]] = field(default_factory=set)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+        if self.shared is not None:
+            self.shared.on_taken_over(self.taken_over)
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def active(self, key: SessionKey) -> bool:
+        """True while a session holds `key`, here or (as last seen) on another replica."""
+        return key in self.exclusive or (self.shared is not None and self.shared.held(key))
+
+    async def claim(self, key: SessionKey, *, user: str, preserve: bool = False) -> Claim:
+        """Take the slot `key` for a new session of `user`, taking it from any holder.
+
+        With `preserve`, raise `Busy` instead while another session holds it.
+        Claims of one slot are taken one at a time, so that the table follows
+        the order of the shared lock's writes.
+        """
+        async with self._lock(key):
+            if preserve and self.active(key):
+                raise Busy(key)
+            claim = Claim(key, user)
+            if self.shared is not None:
+                await self.shared.acquire(claim, preserve=preserve)
+            previous = self.exclusive.get(key)
+            if claim.lost is None:  # another replica may have taken it already
+                self.exclusive[key] = claim
+        if previous is not None:
+            self.taken_over(previous, user)
+        return claim
+
+    def start(self, claim: Claim | None, session: LiveSession) -> None:
+        """Register `session`, bound to `claim`; closed at once if its slot was taken meanwhile."""
+        self.live.add(session)
+        self._idle.clear()
+        if claim is None:
+            return
+        claim.session = session
+        if claim.lost is not None:
+            self._close(session, CloseCode.TAKEN_OVER, claim.lost)
+
+    def end(self, claim: Claim | None, session: LiveSession) -> None:
+        """Forget `session`."""
+        self.live.discard(session)
+        if not self.live:
+            self._idle.set()
+        if claim is not None and claim.session is session:
+            claim.session = None
+        if self.on_ended is not None:
+            self.on_ended(len(self.live))
+
+    def release(self, claim: Claim) -> None:
+        """Give up `claim`'s slot unless another session took it since."""
+        if self.exclusive.get(claim.key) is claim:
+            del self.exclusive[claim.key]
+        if self.shared is not None:
+            self.shared.release(claim)
+
+    def taken_over(self, claim: Claim, by: str) -> None:
+        """Another session, of `by`, took `claim`'s slot: close its session, saying so.
+
+        The session closes in the background: its client may be slow to
+        answer the close frame, and the new session must not wait for it.
+        """
+        if claim.lost is not None:
+            return
+        claim.lost = f"{claim.key} taken over by {by}"
+        if self.exclusive.get(claim.key) is claim:
+            del self.exclusive[claim.key]
+        if claim.session is not None:
+            self._close(claim.session, CloseCode.TAKEN_OVER, claim.lost)
+
+    def hub(self, key: SessionKey, *, feed_limit: int) -> Hub:
+        """The console `key`'s hub, made when first asked for and forgotten when idle.
+
+        `feed_limit`: bytes an observer of a new hub may fall behind.
+        """
+        hub = self.hubs.get(key)
+        if hub is None:
+            hub = Hub(on_idle=lambda idle: self._forget(key, idle), feed_limit=feed_limit)
+            self.hubs[key] = hub
+        return hub
+
+    def _forget(self, key: SessionKey, hub: Hub) -> None:
+        if self.hubs.get(key) is hub:
+            del self.hubs[key]
+
+    def close_later(self, session: Closable, code: int, reason: str) -> None:
+        """Close `session` in the background (its client may be slow to answer)."""
+        self._close(session, code, reason)
+
+    async def close_all(self, reason: str) -> None:
+        """Tell every live client the server is going away."""
+        await asyncio.gather(
+            *(s.close(CloseCode.GOING_AWAY, reason) for s in list(self.live)),
+            return_exceptions=True,
+        )
+
+    async def ended(self) -> None:
+        """Return once no session is live."""
+        await self._idle.wait()
+
+    def drop_all(self) -> None:
+        """Drop every live session's connection at once."""
+        for session in list(self.live):
+            session.drop()
+
+    def _close(self, session: Closable, code: int, reason: str) -> None:
+        task = asyncio.create_task(session.close(code, reason))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @asynccontextmanager
+    async def _lock(self, key: SessionKey) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._claiming[key] = self._claiming.get(key, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._claiming[key] -= 1
+            if not self._claiming[key]:
+                del self._claiming[key], self._locks[key]

@@ -1,0 +1,66 @@
+"""A VNC viewer's backend connection, with what the viewer sends checked on the way.
+
+Wraps the VNC server's byte stream so that the pump needs nothing special:
+writes go through `protocol.rfbguard.ViewerGuard` (shared ClientInit, and for
+a view-only viewer no input), reads feed the guard the server's first bytes.
+A viewer whose bytes cannot be checked is closed with 1008 and the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from subres.engine.stream import ByteStream
+from subres.engine.websocket import CloseCode
+from subres.protocol.rfbguard import ViewerGuard, ViewerRefused
+from subres.sessions.hub import Closer
+
+__all__ = ["GuardedDisplay"]
+
+log = logging.getLogger(__name__)
+
+
+class GuardedDisplay:
+    """The display's `ByteStream` as one viewer may use it."""
+
+    __slots__ = ("_backend", "_closer", "_guard", "_refused")
+
+    def __init__(self, backend: ByteStream, *, view_only: bool) -> None:
+        self._backend = backend
+        self._guard = ViewerGuard(view_only=view_only)
+        self._closer: Closer | None = None
+        self._refused = False
+
+    def attached(self, closer: Closer) -> None:
+        """The viewer's session is live; `closer` ends it."""
+        self._closer = closer
+
+    async def read(self) -> bytes:
+        """The server's next bytes (the guard sees the first ones)."""
+        data = await self._backend.read()
+        if self._guard.wants_server:
+            self._guard.from_server(data)
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """What of `data` the viewer may send, to the server."""
+        if self._refused:
+            return
+        try:
+            allowed = self._guard.from_client(data)
+        except ViewerRefused as exc:
+            self._refused = True
+            log.info("refusing a view-only viewer: %s", exc)
+            if self._closer is not None:
+                self._closer(CloseCode.POLICY_VIOLATION, str(exc))
+            return
+        if allowed:
+            await self._backend.write(allowed)
+
+    async def write_eof(self) -> None:
+        """The viewer is done sending."""
+        await self._backend.write_eof()
+
+    async def close(self) -> None:
+        """Close the server connection."""
+        await self._backend.close()

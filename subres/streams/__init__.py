@@ -1,1 +1,0 @@
-"""The only code that holds transports while a session is live: adapters and the pump."""

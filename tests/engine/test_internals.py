@@ -1,0 +1,88 @@
+"""The private internals subres relies on (`subres.engine.internals`), against the real objects.
+
+A dependency that changes one of them fails here, loudly, instead of silently
+losing a feature (batching, the shared TLS buffer) or breaking SPDY upgrades.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from asyncio import sslproto
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from subres.engine import internals
+from subres.engine.websocket import take_queued
+from tests.support import wait_for
+
+
+def test_installed_versions_are_the_ones_checked() -> None:
+    internals.check()
+    low, high = internals.TESTED["aiohttp"]
+    version = tuple(int(p) for p in aiohttp.__version__.split(".")[:2])
+    assert low <= version < high, f"re-check subres.engine.internals for aiohttp {version}"
+
+
+def test_a_missing_internal_stops_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(RequestHandler, "set_parser")
+    with pytest.raises(internals.InternalsChanged, match=r"RequestHandler\.set_parser"):
+        internals.check()
+
+
+async def test_queued_binary_messages_are_taken_as_one_chunk() -> None:
+    taken: asyncio.Future[tuple[bytes, bool]] = asyncio.get_running_loop().create_future()
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        first = await ws.receive_bytes()
+        # If aiohttp's queue changes shape, this never holds and the test fails:
+        # batching would silently be gone otherwise.
+        await wait_for(lambda: internals.binary_queued(ws))
+        await wait_for(lambda: len(ws._reader._buffer) >= 2)  # type: ignore[union-attr]
+        taken.set_result(await take_queued(ws, first))
+        await ws.close()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.ws_connect(f"http://127.0.0.1:{port}/") as ws,
+        ):
+            for part in (b"one ", b"two ", b"three"):
+                await ws.send_bytes(part)
+            async with asyncio.timeout(5):
+                chunk, ended = await taken
+    finally:
+        await runner.cleanup()
+    assert (chunk, ended) == (b"one two three", False)
+
+
+async def test_tls_connections_share_one_read_buffer() -> None:
+    # asyncio's own per-connection 256 KiB buffer would dominate an idle session's memory.
+    internals.share_ssl_read_buffer()
+    internals.share_ssl_read_buffer()
+    protocols = [
+        sslproto.SSLProtocol(
+            asyncio.get_running_loop(),
+            asyncio.Protocol(),
+            ssl.create_default_context(),
+            asyncio.get_running_loop().create_future(),
+            server_hostname="localhost",
+        )
+        for _ in range(2)
+    ]
+    first, second = (p.get_buffer(-1) for p in protocols)
+    assert first.obj is second.obj
+    assert len(first) == sslproto.SSLProtocol.max_size
