@@ -28,7 +28,7 @@ from subres.agent.run import Agent
 from subres.backends import nofollow
 from subres.backends.stream import BackendUnavailable
 from subres.protocol import relay
-from subres.server import certs
+from subres.serving import certs
 from tests.agent.conftest import NAMESPACE, AgentPKI, agent_options, write_pki
 from tests.support import Backend, wait_for
 
