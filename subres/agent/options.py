@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from subres.serving import connections
 from subres.serving.certs import REPLICA_IDENTITY
 
 __all__ = ["AgentOptions", "add_arguments"]
@@ -44,6 +45,8 @@ class AgentOptions:
     read_size: int
     write_timeout: float = 30.0
     """Seconds a backend may take no data before its relay fails."""
+    connections: connections.Limits = field(default_factory=connections.Limits)
+    """Handshake, header and idle timeouts and the unauthenticated cap, as `subres serve`'s."""
     socket_owners: Mapping[Path, tuple[int, int | None]] = field(default_factory=dict)
     """Per socket directory, the uid (and gid) its sockets and their listeners must have;
     a directory not named here: the uid that owns it."""
@@ -65,6 +68,7 @@ class AgentOptions:
             connect_timeout=ns.connect_timeout,
             read_size=ns.read_size,
             write_timeout=ns.write_timeout,
+            connections=connections.Limits.from_args(ns),
         )
 
     def validate(self) -> list[str]:
@@ -79,6 +83,7 @@ class AgentOptions:
         if not self.socket_dirs and not self.allow_tcp:
             problems.append("give --socket-dir or --allow-tcp: this agent could dial nothing")
         problems += self._socket_problems()
+        problems += self.connections.problems()
         for cidr in self.allow_tcp:
             try:
                 ipaddress.ip_network(cidr)
@@ -153,6 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a backend may take no data before its relay fails",
     )
+    connections.add_arguments(parser)
     add(
         "--logging-format",
         choices=("text", "json"),

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -32,9 +34,13 @@ from subres.kube.status import StatusError
 from subres.protocol import relay
 from subres.serving.tls import peer_certificate
 
-__all__ = ["Relay", "handle"]
+__all__ = ["CALLER", "Relay", "authenticated", "handle", "identity"]
 
 log = logging.getLogger(__name__)
+
+CALLER = web.RequestKey("caller", str)
+"""Request key of the replica identity `identity` admitted."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,25 @@ class Relay:
     """Seconds a backend may take no data before the relay fails."""
 
 
+def identity(settings: Relay) -> Middleware:
+    """Middleware that lets only an allowed replica's requests reach the route (401 otherwise)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        request[CALLER] = _caller(settings, request)
+        return await handler(request)
+
+    return middleware
+
+
+def authenticated(request: web.Request) -> bool:
+    """Whether `identity` let this request through."""
+    return CALLER in request
+
+
 async def handle(settings: Relay, request: web.Request) -> web.StreamResponse:
-    """Check the caller and the endpoint, dial, upgrade, relay until the session ends."""
-    caller = _caller(settings, request)
+    """Check the endpoint, dial, upgrade, relay until the session ends."""
+    caller = request[CALLER]
     if request.headers.get(hdrs.UPGRADE, "").lower() != relay.UPGRADE:
         raise StatusError(400, f"a relay request needs `Upgrade: {relay.UPGRADE}`")
     transport = _transport(request.headers.get(relay.TRANSPORT_HEADER, "stream"))

@@ -27,12 +27,14 @@ from subres.engine import internals
 from subres.protocol import relay as wire
 from subres.serving import connections, errors, tls
 
-__all__ = ["Agent", "build", "main", "policy", "serve", "socket_dirs"]
+__all__ = ["GUARD", "Agent", "build", "main", "policy", "serve", "socket_dirs"]
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 5.0
 """Seconds live relays get when the agent stops."""
+GUARD = web.AppKey("guard", connections.Guard)
+"""The application's connection guard (timeouts and the unauthenticated cap)."""
 
 
 def policy(options: AgentOptions) -> EndpointPolicySpec:
@@ -86,7 +88,12 @@ def build(options: AgentOptions) -> web.Application:
         read_size=options.read_size,
         write_timeout=options.write_timeout,
     )
-    app = web.Application(middlewares=[errors.errors], client_max_size=0)
+    guard = connections.Guard(options.connections)
+    middlewares = guard.around(
+        [errors.errors, relay.identity(settings)], authenticated=relay.authenticated
+    )
+    app = web.Application(middlewares=middlewares, client_max_size=0)
+    app[GUARD] = guard
     app.router.add_route("POST", wire.PATH, functools.partial(relay.handle, settings))
     return app
 
@@ -114,10 +121,11 @@ class Agent:
         # TLS context; the replica's also starts informers and file watchers around it.
         internals.share_ssl_read_buffer()
         await self.runner.setup()
-        site = web.TCPSite(
+        site = connections.GuardedSite(
             self.runner,
-            self.options.bind_address,
-            self.options.port,
+            self.runner.app[GUARD],
+            host=self.options.bind_address,
+            port=self.options.port,
             ssl_context=self.tls.context,
             backlog=1024,
         )

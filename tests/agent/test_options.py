@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+import pytest
+
 from subres.agent import run
 from subres.agent.options import AgentOptions
 from subres.backends import endpoint
@@ -84,3 +86,20 @@ def test_each_socket_directory_names_the_owner_of_its_sockets(tmp_path: Path) ->
     for owner in ("x", "107:", "-1", "1" * 4400):
         [problem] = agent_problems("--node-name=n", f"--socket-dir=/run/vms={owner}")
         assert problem == "--socket-dir /run/vms: the owner must be UID[:GID]", owner
+
+
+def test_the_agent_takes_the_servers_connection_flags() -> None:
+    base = ["agent", "--tls-cert-file=a", "--tls-private-key-file=b", "--client-ca-file=c"]
+    args = [*base, "--tls-handshake-timeout=2s", "--idle-timeout=1m", "--request-header-timeout=5"]
+    options = AgentOptions.from_args(
+        parser().parse_args([*args, "--max-unauthenticated-connections=7"])
+    )
+    limits = options.connections
+    assert (limits.tls_handshake_timeout, limits.request_header_timeout) == (2.0, 5.0)
+    assert (limits.idle_timeout, limits.max_unauthenticated) == (60.0, 7)
+    assert agent_problems("--node-name=n", "--socket-dir=/run/vms", "--idle-timeout=0") == [
+        "--idle-timeout must be positive"
+    ]
+    for endless in ("inf", "nan", "1e999"):
+        with pytest.raises(SystemExit):
+            parser().parse_args([*base, f"--idle-timeout={endless}"])
