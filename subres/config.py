@@ -236,6 +236,10 @@ class SessionSpec:
     """Seconds a shared SSH connection stays open after its last session ended."""
     observer_backlog: int = 1 << 20
     """Bytes an observer may fall behind a console before it is cut off (close code 4002)."""
+    max_observers: int = 100
+    """Observers (of consoles and displays) one replica serves at once; more get 429."""
+    max_observers_per_console: int = 20
+    """Observers one console, or one display, may have at once; more get 429."""
 
 
 @dataclass(frozen=True)
@@ -592,6 +596,8 @@ def _session(data: Any) -> SessionSpec:
         "screenshotMaxPixels",
         "screenshotConcurrency",
         "observerBacklog",
+        "maxObservers",
+        "maxObserversPerConsole",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -620,6 +626,11 @@ def _session(data: Any) -> SessionSpec:
         ),
         observer_backlog=_count(
             doc.get("observerBacklog", default.observer_backlog), "observerBacklog"
+        ),
+        max_observers=_count(doc.get("maxObservers", default.max_observers), "maxObservers"),
+        max_observers_per_console=_count(
+            doc.get("maxObserversPerConsole", default.max_observers_per_console),
+            "maxObserversPerConsole",
         ),
     )
 

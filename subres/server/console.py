@@ -2,9 +2,10 @@
 
 Over a WebSocket in any channel dialect, or SPDY remote-command. `console`
 is the writer: one per machine, a newer one takes over. `console-observe`
-is an observer: read-only, any number, authorized as its own subresource so
-that RBAC can grant watching without typing; observers stay attached while
-writers come and go. Both accept `?tail=N` (lines of a kept console's
+is an observer: read-only, authorized as its own subresource so that RBAC
+can grant watching without typing, at most `session.maxObserversPerConsole`
+per console and `session.maxObservers` per replica (429 beyond); observers
+stay attached while writers come and go. Both accept `?tail=N` (lines of a kept console's
 scrollback to replay first).
 """
 
@@ -48,6 +49,21 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     target = subresource.resolve(state, request, "console")
     url = subresource.endpoint_url(target)
     tail = _tail(request)
+    if mode == session.OBSERVER:
+        with sharing.watching(state, target):  # a place among its observers first (429)
+            return await _stream(state, request, target, url, mode=mode, tail=tail)
+    return await _stream(state, request, target, url, mode=mode, tail=tail)
+
+
+async def _stream(
+    state: State,
+    request: web.Request,
+    target: subresource.Target,
+    url: str,
+    *,
+    mode: str,
+    tail: int | None,
+) -> web.StreamResponse:
     writer = mode == session.WRITER
     # The two dialects' upgrades take different arguments: two calls that look alike.
     if httpstream.is_spdy_upgrade(

@@ -4,7 +4,9 @@ A writer dials the machine's console, and its output also goes to the
 console's hub (`sessions.hub.Tee`), where observers read it; a kept console's
 writer dials nothing and uses the kept connection (`sessions.hub.KeptPort`).
 An observer dials nothing: it reads the hub (`sessions.hub.Feed`), and what it
-types is dropped.
+types is dropped. Every observer, of a console or a display, first takes a
+place (`watching`): 429 when its console or the replica has as many as
+`session.maxObserversPerConsole` and `session.maxObservers` allow.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from subres.server.session import key
 from subres.server.state import State
 from subres.server.subresource import Target
 from subres.sessions.hub import Feed, Hub, KeptPort, Tee
+from subres.sessions.observers import Slot, TooManyObservers
 from subres.sessions.registry import SessionKey
 
-__all__ = ["hub", "keeper_key", "key", "observe", "write"]
+__all__ = ["RETRY_AFTER", "hub", "keeper_key", "key", "observe", "watching", "write"]
+
+RETRY_AFTER = 5
+"""Seconds an observer refused for want of a place is told to wait."""
 
 
 def keeper_key(target: Target) -> SessionKey:
@@ -40,6 +46,21 @@ async def write(state: State, target: Target, url: str, *, tail: int | None) -> 
         raise StatusError(503, f"{target.describe()}: another replica keeps this console")
     backend = await subresource.connect(state, target, url)
     return Tee(backend, hub(state, target))
+
+
+def watching(state: State, target: Target) -> Slot:
+    """An observer's place among `target`'s (before anything is dialed or attached)."""
+    try:
+        return state.observers.take(
+            key(target), what=f"the {target.spec.name} of {target.describe()}"
+        )
+    except TooManyObservers as exc:
+        raise StatusError(
+            429,
+            f"{exc}; try again later",
+            details={"retryAfterSeconds": RETRY_AFTER},
+            headers=[("Retry-After", str(RETRY_AFTER))],
+        ) from None
 
 
 def observe(state: State, target: Target, *, tail: int | None) -> Feed:

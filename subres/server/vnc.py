@@ -6,16 +6,17 @@ display among them (subres asks it to for every viewer: `sessions.viewer`).
 console is (`streaming`): one per machine, a new one takes over, unless it
 asks `?preserveSession=true`, which is refused with 409 while another is
 live (in cluster mode: while a fresh session Lease is held, by any replica).
-`vnc-observe` is a view-only viewer: any number, its input dropped,
-authorized as its own subresource, untouched by takeovers and not counted by
-`preserveSession`.
+`vnc-observe` is a view-only viewer: its input dropped, authorized as its
+own subresource, untouched by takeovers and not counted by
+`preserveSession`; as many as `session.maxObserversPerConsole` per display
+(and `session.maxObservers` per replica, with the consoles' observers).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from subres.server import session, streaming, subresource
+from subres.server import session, sharing, streaming, subresource
 from subres.server.state import State
 from subres.sessions.viewer import GuardedDisplay
 
@@ -29,18 +30,25 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """The interactive viewer: check, negotiate, dial, then upgrade and stream."""
     # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
     preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
-    return await _view(state, request, view_only=False, preserve=preserve)
+    target = subresource.resolve(state, request, "vnc")
+    return await _view(state, request, target, view_only=False, preserve=preserve)
 
 
 async def observe(state: State, request: web.Request) -> web.StreamResponse:
     """A view-only viewer: check, negotiate, dial, then upgrade and stream; input dropped."""
-    return await _view(state, request, view_only=True, preserve=False)
+    target = subresource.resolve(state, request, "vnc")
+    with sharing.watching(state, target):  # a place among its observers first (429)
+        return await _view(state, request, target, view_only=True, preserve=False)
 
 
 async def _view(
-    state: State, request: web.Request, *, view_only: bool, preserve: bool
+    state: State,
+    request: web.Request,
+    target: subresource.Target,
+    *,
+    view_only: bool,
+    preserve: bool,
 ) -> web.StreamResponse:
-    target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
     if preserve and state.sessions.active(session.key(target)):
