@@ -29,6 +29,7 @@ from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
 from subres.protocol.spdy.headers import HeaderDecoder, HeaderEncoder
 from subres.protocol.spdy.limits import Limits as SpdyLimits
+from tests.fuzz import hostile
 
 __all__ = ["TARGETS"]
 
@@ -322,5 +323,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "rfb": rfb_client,
     "endpoints": endpoints,
     "config": config_loader,
+    **hostile.TARGETS,
 }
 """Every target by the name `python -m tests.fuzz` takes."""
