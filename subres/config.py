@@ -259,7 +259,13 @@ class ConsolesSpec:
     max_recording_bytes: int = 64 << 20
     """Size of one recording file before it goes on in a new one."""
     max_recordings_bytes: int = 1 << 30
-    """Size of all recordings; the oldest files are deleted past it."""
+    """Size of all recordings together; past it nothing more is recorded (nothing is deleted
+    to make room across namespaces)."""
+    max_namespace_bytes: int = 256 << 20
+    """Size of one namespace's recordings; past 90 % of it that namespace's oldest recordings
+    not recorded `always` are deleted, at 100 % its recorded consoles refuse sessions."""
+    max_age: float = 0.0
+    """Seconds after its last write that a recording is deleted, audit or not; 0: never."""
 
 
 @dataclass(frozen=True)
@@ -641,7 +647,7 @@ def _consoles(data: Any) -> ConsolesSpec:
     files = _mapping(
         doc.get("recordings", {}),
         "consoles.recordings",
-        {"directory", "maxFileBytes", "maxTotalBytes"},
+        {"directory", "maxFileBytes", "maxTotalBytes", "maxNamespaceBytes", "maxAge"},
     )
     d = ConsolesSpec()
 
@@ -662,6 +668,12 @@ def _consoles(data: Any) -> ConsolesSpec:
         max_recordings_bytes=size(
             files.get("maxTotalBytes", d.max_recordings_bytes), "recordings.maxTotalBytes"
         ),
+        max_namespace_bytes=size(
+            files.get("maxNamespaceBytes", d.max_namespace_bytes), "recordings.maxNamespaceBytes"
+        ),
+        max_age=_positive(files["maxAge"], "consoles.recordings.maxAge")
+        if "maxAge" in files
+        else d.max_age,
     )
 
 

@@ -16,7 +16,7 @@ from aiohttp import hdrs, web
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.protocol import digits, httpstream
-from subres.server import remotecommand, session, sharing, streaming, subresource
+from subres.server import recorded, remotecommand, session, sharing, streaming, subresource
 from subres.server.state import State
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
@@ -49,6 +49,7 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     target = subresource.resolve(state, request, "console")
     url = subresource.endpoint_url(target)
     tail = _tail(request)
+    recorded.check(state, target)  # a recording that cannot be kept: 503, before anything
     if mode == session.OBSERVER:
         with sharing.watching(state, target):  # a place among its observers first (429)
             return await _stream(state, request, target, url, mode=mode, tail=tail)

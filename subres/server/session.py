@@ -44,6 +44,7 @@ from aiohttp import web
 
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
+from subres.server import recorded
 from subres.server.middleware import USER
 from subres.server.state import State
 from subres.server.subresource import Target
@@ -186,8 +187,8 @@ class Live:
             return
         self.state.recordings.joined(
             hub,
-            namespace=target.namespace,
-            name=target.name,
+            where=recorded.folder(target),
+            audit=target.spec.record == "always",
             title=f"{target.describe()} console",
             who=f"{self.record.user} ({self.record.mode})",
         )

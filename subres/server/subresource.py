@@ -48,6 +48,9 @@ class Target:
     namespace: str
     name: str
     obj: Mapping[str, Any]
+    """The object the subresource acts on (an `instance` parent's: its instance)."""
+    uid: str = ""
+    """The uid of the object the request names (the parent's own, even with an instance)."""
 
     def describe(self) -> str:
         """`Machine default/vm1`."""
@@ -68,10 +71,11 @@ def checked(
 ) -> Target:
     """The cached parent `namespace/name`, checked for `spec` (a Status error otherwise)."""
     obj = _cached(state, parent, namespace, name)
+    uid = str((obj.get("metadata") or {}).get("uid") or "")
     if parent.instance is not None:
         _check(parent.instance.requires, obj, f"{parent.kind} {namespace}/{name}")
         obj = _instance(state, parent, obj)
-    target = Target(parent, spec, namespace, name, obj)
+    target = Target(parent, spec, namespace, name, obj, uid)
     _check(spec.requires, obj, target.describe())
     return target
 
