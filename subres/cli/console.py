@@ -7,7 +7,8 @@ on the resize channel, Ctrl+] to leave, and the exit code from how the server
 ended the session. When the server goes away (1001) or the connection is
 lost, it connects again by itself and says so (`subres.cli.reconnect`).
 `--observe` watches through `console-observe` instead: stdin only ever
-looks for Ctrl+].
+looks for Ctrl+]. In a terminal, it first asks before taking the console
+from someone who writes on it (`subres.cli.takeover`; `--force` does not).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import BinaryIO
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from subres.cli import api, kubeconfig, reconnect, terminal
+from subres.cli import api, kubeconfig, reconnect, takeover, terminal
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.protocol import channels
@@ -60,27 +61,35 @@ async def _console(
     target = await api.resolve(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
-    sub = "console-observe" if ns.observe else "console"
+    fd = sys.stdin.fileno()
+    interactive = os.isatty(fd)
+    observe = ns.observe
+    if interactive and not observe and not ns.force:
+        chosen = await takeover.ask(config, target, group_version=group_version)
+        observe = chosen == takeover.OBSERVER
+    sub = "console-observe" if observe else "console"
     query = f"?tail={ns.tail}" if ns.tail is not None else ""
     address = api.object_url(config, target, group_version=group_version) + f"/{sub}{query}"
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
-    fd = sys.stdin.fileno()
-    interactive = os.isatty(fd)
     if interactive:
-        how = "Observing (read-only)" if ns.observe else "Connected to"
+        how = "Observing (read-only)" if observe else "Connected to"
         print(f"{how} {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     pacing = reconnect.Pacing()
+    stdout = _Output(sys.stdout.buffer)
     with terminal.raw_mode(fd) if interactive else contextlib.nullcontext():
         while True:
             started = loop.time()
             try:
                 session = _Session(
-                    ws, _dialect(ws), fd=fd, interactive=interactive, observe=ns.observe
+                    ws, _dialect(ws), fd=fd, interactive=interactive, observe=observe, stdout=stdout
                 )
                 code = await session.run(may_reconnect=ns.reconnect)
             finally:
                 await ws.close()
+                if interactive and not stdout.at_line_start:
+                    # What we say next (taken over, an error) starts a line of its own.
+                    await stdout.write(b"\r\n")
             if code is not None:
                 return code
             _say(f"{target}: {session.dropped}; reconnecting", interactive=interactive)
@@ -193,6 +202,8 @@ class _Output:
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
+        self.at_line_start = True
+        """Nothing was written yet, or the last byte ended a line."""
 
     async def write(self, data: bytes) -> None:
         try:
@@ -203,6 +214,8 @@ class _Output:
     def _write(self, data: bytes) -> None:
         self._stream.write(data)
         self._stream.flush()
+        if data:
+            self.at_line_start = data.endswith(b"\n")
 
 
 class _Session:
@@ -216,6 +229,7 @@ class _Session:
         fd: int,
         interactive: bool,
         observe: bool = False,
+        stdout: _Output | None = None,
     ) -> None:
         self._ws = ws
         self._dialect = dialect
@@ -223,7 +237,7 @@ class _Session:
         self._interactive = interactive
         self._observe = observe
         self._stdin = _Stdin(fd)
-        self._stdout = _Output(sys.stdout.buffer)
+        self._stdout = stdout or _Output(sys.stdout.buffer)
         self._stderr = _Output(sys.stderr.buffer)
         self._status = bytearray()
         self.dropped = ""
@@ -327,7 +341,10 @@ class _Session:
         """0 for a clean end; raises with the server's words otherwise."""
         failure = self._failure()
         if failure is not None:
-            raise CommandError(failure)
+            error = CommandError(failure)
+            # As `kubectl exec`: the remote command's exit status becomes ours.
+            error.exit_code = _exit_code(api.json_object(self._status)) or 1
+            raise error
         code = self._ws.close_code
         if code == NORMAL_CLOSURE:
             return 0
@@ -346,6 +363,18 @@ class _Session:
         if status.get("status") == "Success":
             return None
         return str(status.get("message") or status.get("reason") or "the session failed")
+
+
+def _exit_code(status: dict[str, object]) -> int | None:
+    """The exit status a `NonZeroExitCode` Status carries (its `ExitCode` cause), if any."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    for cause in causes if isinstance(causes, list) else []:
+        if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+            text = str(cause.get("message", ""))
+            if text.isdigit() and 0 < int(text) < 256:
+                return int(text)
+    return None
 
 
 def _dropped(ws: ClientConnection) -> str | None:

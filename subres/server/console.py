@@ -14,9 +14,18 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 
 from subres.engine.stream import ByteStream
+from subres.kube import status
 from subres.kube.status import StatusError
 from subres.protocol import digits, httpstream
-from subres.server import recorded, remotecommand, session, sharing, streaming, subresource
+from subres.server import (
+    handshake,
+    recorded,
+    remotecommand,
+    session,
+    sharing,
+    streaming,
+    subresource,
+)
 from subres.server.state import State
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
@@ -33,6 +42,10 @@ SUBPROTOCOLS = (
 """Raw framing (no subprotocol or KubeVirt's) and the Kubernetes channel protocols."""
 MAX_TAIL = (1 << 31) - 1
 """The most lines `?tail=` may ask for (more than any scrollback holds)."""
+_NOTHING_TO_TAIL = (
+    "the console of {} is not kept, so it has no scrollback: tail is ignored "
+    "(a console is kept when its parent opts in, e.g. subres.dev/keep-console)"
+)
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
@@ -66,6 +79,10 @@ async def _stream(
     tail: int | None,
 ) -> web.StreamResponse:
     writer = mode == session.WRITER
+    if handshake.dry_run(request):  # what the page asks when a browser hid a refusal
+        if writer:
+            await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     # The two dialects' upgrades take different arguments: two calls that look alike.
     if httpstream.is_spdy_upgrade(
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
@@ -82,6 +99,9 @@ async def _stream(
             mode=mode,
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
+    if tail is not None and not sharing.keeps_scrollback(state, target):
+        # Said, not refused: the session is what was asked for, less a replay.
+        ws.headers.add(hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
     backend = await _backend(state, target, url, mode=mode, tail=tail)
     return await streaming.serve(
         state,

@@ -21,7 +21,16 @@ from subres.sessions.hub import Feed, Hub, KeptPort, Tee
 from subres.sessions.observers import Slot, TooManyObservers
 from subres.sessions.registry import SessionKey
 
-__all__ = ["RETRY_AFTER", "hub", "keeper_key", "key", "observe", "watching", "write"]
+__all__ = [
+    "RETRY_AFTER",
+    "hub",
+    "keeper_key",
+    "keeps_scrollback",
+    "key",
+    "observe",
+    "watching",
+    "write",
+]
 
 RETRY_AFTER = 5
 """Seconds an observer refused for want of a place is told to wait."""
@@ -66,6 +75,12 @@ def watching(state: State, target: Target) -> Slot:
 def observe(state: State, target: Target, *, tail: int | None) -> Feed:
     """An observer's share of the console."""
     return hub(state, target).attach(tail=tail)
+
+
+def keeps_scrollback(state: State, target: Target) -> bool:
+    """Whether `target`'s console is kept here, with output to replay (`?tail=`)."""
+    kept = state.sessions.hubs.get(key(target))
+    return kept is not None and kept.scrollback is not None
 
 
 def hub(state: State, target: Target) -> Hub:

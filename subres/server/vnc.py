@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from subres.server import session, sharing, streaming, subresource
+from subres.server import handshake, session, sharing, streaming, subresource
 from subres.server.state import State
 from subres.sessions.viewer import GuardedDisplay
 
@@ -50,6 +50,9 @@ async def _view(
     preserve: bool,
 ) -> web.StreamResponse:
     url = subresource.endpoint_url(target)
+    if handshake.dry_run(request):  # `subres vnc` checks before it listens
+        await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
     if preserve and state.sessions.active(session.key(target)):
         raise session.busy(target)  # without dialing; `session.hold` decides for certain

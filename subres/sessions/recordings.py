@@ -155,6 +155,7 @@ class Recordings:
 
     def _start(self) -> None:
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.create_task(self._write(), name="recordings")
 
     async def stop(self) -> None:
