@@ -253,7 +253,9 @@ class ConsolesSpec:
     scrollback: int = 64 * 1024
     """Bytes of output a kept console keeps for whoever attaches next."""
     max_kept: int = 1000
-    """Consoles one replica keeps at most; parents past it are not kept (and logged)."""
+    """Consoles one replica keeps at most, shared fairly between namespaces (logged past it)."""
+    max_kept_per_namespace: int = 100
+    """Consoles of one namespace kept at most, however many opt in."""
     recordings: str = ""
     """Directory recordings are written to; empty: nothing is recorded."""
     max_recording_bytes: int = 64 << 20
@@ -642,7 +644,14 @@ def _session(data: Any) -> SessionSpec:
 
 
 def _consoles(data: Any) -> ConsolesSpec:
-    keys = {"keepAnnotation", "recordAnnotation", "scrollback", "maxKept", "recordings"}
+    keys = {
+        "keepAnnotation",
+        "recordAnnotation",
+        "scrollback",
+        "maxKept",
+        "maxKeptPerNamespace",
+        "recordings",
+    }
     doc = _mapping(data, "consoles", keys)
     files = _mapping(
         doc.get("recordings", {}),
@@ -661,6 +670,9 @@ def _consoles(data: Any) -> ConsolesSpec:
         ),
         scrollback=size(doc.get("scrollback", d.scrollback), "scrollback"),
         max_kept=size(doc.get("maxKept", d.max_kept), "maxKept"),
+        max_kept_per_namespace=size(
+            doc.get("maxKeptPerNamespace", d.max_kept_per_namespace), "maxKeptPerNamespace"
+        ),
         recordings=_str(files.get("directory", d.recordings), "recordings.directory"),
         max_recording_bytes=size(
             files.get("maxFileBytes", d.max_recording_bytes), "recordings.maxFileBytes"

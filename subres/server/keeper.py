@@ -15,7 +15,9 @@ away is let go: its connection is closed.
 
 Memory per kept console: its scrollback (at most `consoles.scrollback`), one
 backend connection and one task; `tests/bench/bench_console.py` measures it.
-At most `consoles.maxKept` consoles are kept (by namespace and name order).
+At most `consoles.maxKept` consoles are kept, shared fairly between
+namespaces, and at most `consoles.maxKeptPerNamespace` of one namespace
+(`sessions.fairness`): one namespace annotating many cannot take every place.
 
 Which replica keeps a console is an exclusive session slot of its own
 (`console-keeper`), claimed as `preserveSession` would: a replica takes it
@@ -29,6 +31,7 @@ holder (its observers see nothing of it).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 from collections.abc import Mapping
@@ -38,6 +41,7 @@ from subres.kube.status import StatusError
 from subres.server import sharing, subresource
 from subres.server.state import State
 from subres.server.subresource import Target
+from subres.sessions import fairness
 from subres.sessions.registry import Busy, Claim, SessionKey
 from subres.sessions.scrollback import Scrollback
 
@@ -221,7 +225,18 @@ class Keeper:
 
     def _wanted(self) -> dict[SessionKey, Target]:
         limits = self._state.config.consoles
-        wanted: dict[SessionKey, Target] = {}
+        candidates = self._candidates()
+        chosen = fairness.share(
+            candidates, total=limits.max_kept, per_namespace=limits.max_kept_per_namespace
+        )
+        if sum(map(len, chosen.values())) < sum(map(len, candidates.values())):
+            self._warn(limits.max_kept, limits.max_kept_per_namespace)
+        return {sharing.key(t): t for targets in chosen.values() for t in targets}
+
+    def _candidates(self) -> dict[str, list[Target]]:
+        """Every console that opts in and passes its checks, by namespace, in name order."""
+        limits = self._state.config.consoles
+        found: dict[str, list[Target]] = collections.defaultdict(list)
         for parent in self._state.config.parents:
             spec = parent.subresources.get("console")
             cache = self._state.caches.get(parent.resource)
@@ -235,15 +250,17 @@ class Keeper:
                     target = subresource.checked(self._state, parent, spec, namespace, name)
                 except StatusError:
                     continue
-                if len(wanted) >= limits.max_kept:
-                    self._warn(limits.max_kept)
-                    return wanted
-                wanted[sharing.key(target)] = target
-        return wanted
+                found[namespace].append(target)
+        return found
 
-    def _warn(self, limit: int) -> None:
+    def _warn(self, limit: int, per_namespace: int) -> None:
         if not self._warned:
-            log.warning("more consoles opt in to be kept than consoles.maxKept (%d)", limit)
+            log.warning(
+                "more consoles opt in to be kept than consoles.maxKept (%d) or "
+                "consoles.maxKeptPerNamespace (%d) allow; each namespace keeps its share",
+                limit,
+                per_namespace,
+            )
             self._warned = True
 
 
