@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from aiohttp import web
 
+from subres.auth import attributes
 from subres.kube.status import StatusError
 from subres.server import subresource
 from subres.server.session import Live, Record
@@ -81,7 +82,11 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
 async def for_namespace(state: State, request: web.Request) -> web.Response:
     """The live sessions in one namespace, or in all of them."""
     namespace = request.match_info.get("namespace")
-    if request.query.get("watch", "false").lower() not in ("false", "0"):
+    watch = attributes.parse_bool(request.query.get("watch", "false"))
+    if watch is None:
+        text = request.query["watch"][:64]
+        raise StatusError(400, f"watch must be true or false, not {text!r}")
+    if watch:
         raise StatusError(405, "sessions cannot be watched; list them again instead")
     entries = [e for e in _entries(state) if namespace in (None, e.record.namespace)]
     return _answer(state, request, entries)
