@@ -1,4 +1,5 @@
-"""Fuzz targets of what the third hostile review opened: the VNC guard and the relay framing.
+"""Fuzz targets of what the third hostile review opened: the VNC guard, the relay framing,
+recordings' names and the sessions list's query.
 
 Same rules as `targets.py`: only the documented errors may escape, and each
 target checks what a user relies on (bounded buffers, the same bytes
@@ -13,7 +14,9 @@ from typing import Any
 
 import atheris
 
-from subres.protocol import relay, rfbguard
+from subres.auth import attributes
+from subres.protocol import asciicast, digits, relay, rfbguard
+from subres.sessions import recordfiles
 
 __all__ = ["TARGETS"]
 
@@ -136,7 +139,86 @@ def relay_framing(data: bytes) -> None:
         assert not failed and bytes(received) == payloads, (received, payloads)
 
 
+_NAMES = ["default", "vm1", "machines", "", ".", "..", "a/b", "Default", "x" * 254, "é", "a\x00"]
+
+
+def _name(fdp: Provider) -> str:
+    """A namespace, resource or object name: a plausible one, or any text."""
+    if fdp.ConsumeBool():
+        return str(fdp.PickValueInList(_NAMES))
+    return str(fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 300)))
+
+
+def recording_names(data: bytes) -> None:
+    """A recording's folder and file names from a URL, and the header line a listing reads."""
+    fdp = atheris.FuzzedDataProvider(data)
+    namespace, resource, name, uid = _name(fdp), _name(fdp), _name(fdp), _name(fdp)
+    try:
+        where = recordfiles.folder(namespace=namespace, resource=resource, name=name, uid=uid)
+    except ValueError:
+        where = None
+    if where is not None:
+        # Every part is one plain path component: no separator, no NUL, no dot entries.
+        for part in where.parts:
+            assert part and "/" not in part and "\x00" not in part and part not in (".", ".."), part
+            assert len(part.encode()) <= 1016
+        assert where.namespace == namespace and where.name == name
+    file = str(fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 80)))
+    if recordfiles.FILE_NAME.match(file):
+        assert "/" not in file and file.endswith(".cast") and file.isascii()
+    try:
+        header, _ = asciicast.read([fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 600))])
+    except asciicast.RecordingError:
+        return
+    assert 0 < header.width < 10000 and 0 < header.height < 10000
+    assert 0 <= header.timestamp < 10**12
+
+
+_PATHS = [
+    "/apis/{g}/{v}/sessions",
+    "/apis/{g}/{v}/namespaces/{ns}/sessions",
+    "/apis/{g}/{v}/namespaces/{ns}/machines/{name}/sessions",
+    "/apis/{g}/{v}/namespaces/{ns}/machines/{name}/recordings/{name}",
+    "/{g}/{v}/{ns}",
+]
+_WATCH = ["true", "false", "1", "0", "t", "T", "TRUE", "yes", "", "tRuE", "9" * 5000]
+
+
+def sessions_query(data: bytes) -> None:
+    """How a sessions list request's path and query are read: for the SubjectAccessReview and
+    for the list's own checks; never an exception, never a name with a separator."""
+    fdp = atheris.FuzzedDataProvider(data)
+    template = str(fdp.PickValueInList(_PATHS))
+    path = template.format(g=_name(fdp), v=_name(fdp), ns=_name(fdp), name=_name(fdp))
+    if fdp.ConsumeBool():
+        path = str(fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 200)))
+    query: dict[str, str] = {}
+    if fdp.ConsumeBool():
+        query["watch"] = (
+            str(fdp.PickValueInList(_WATCH))
+            if fdp.ConsumeBool()
+            else str(fdp.ConsumeUnicodeNoSurrogates(20))
+        )
+    if fdp.ConsumeBool():
+        query["tail"] = str(fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 5000)))
+    method = str(fdp.PickValueInList(["GET", "POST", "HEAD", "DELETE", "PATCH", "x"]))
+    attrs = attributes.from_request(method, path, query)
+    watch = attributes.parse_bool(query.get("watch", ""))
+    for part in (attrs.namespace, attrs.name, attrs.resource, attrs.subresource):
+        assert "/" not in part, attrs
+    reads = method in ("GET", "HEAD")  # both are kube-apiserver's `get`
+    if attrs.verb == "watch":
+        assert reads and watch is True and not attrs.name, attrs
+    if attrs.resource_request and reads and not attrs.name:
+        assert attrs.verb == ("watch" if watch else "list"), attrs
+    tail = query.get("tail", "")
+    if digits.plain(tail):
+        assert 0 <= digits.value(tail, cap=(1 << 31) - 1) <= 1 << 31
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "rfb-guard": rfb_guard,
     "relay": relay_framing,
+    "recording-names": recording_names,
+    "sessions-query": sessions_query,
 }
