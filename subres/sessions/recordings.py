@@ -73,8 +73,8 @@ class Recordings:
         self._usage: Usage = collections.Counter()
         """Bytes per namespace: on disk at the last scan, and kept since."""
         self._full: set[str] = set()
-        """Namespaces with no room: refused output, or past `LOW_WATER` after deleting what
-        they could (their recordings are audits, or still being written)."""
+        """Namespaces with no room: at their cap, or with audits alone past `LOW_WATER` (no
+        deletion can make room there)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._scanned = 0.0
@@ -187,12 +187,14 @@ class Recordings:
                 self._crowded, self._scanned = False, time.monotonic()
             self._took(await asyncio.to_thread(self._flush, jobs, busy=busy, prune=due))
 
-    def _took(self, usage: Usage | None) -> None:
-        """What the disk held after a scan and the deletions it allowed."""
-        if usage is not None:
-            self._usage = usage
-            limit = self.spec.max_namespace_bytes * LOW_WATER
-            self._full = {namespace for namespace, size in usage.items() if size >= limit}
+    def _took(self, scanned: tuple[Usage, Usage] | None) -> None:
+        """What the disk held after a scan and the deletions it allowed: all, and audits."""
+        if scanned is None:
+            return
+        self._usage, audits = scanned
+        cap = self.spec.max_namespace_bytes
+        self._full = {ns for ns, size in self._usage.items() if size >= cap}
+        self._full |= {ns for ns, size in audits.items() if size >= cap * LOW_WATER}
 
     def _jobs(self) -> list[tuple[Folder, str, bytes]]:
         jobs = [
@@ -205,8 +207,9 @@ class Recordings:
 
     def _flush(
         self, jobs: list[tuple[Folder, str, bytes]], *, busy: set[tuple[Folder, str]], prune: bool
-    ) -> Usage | None:
-        """Append to the files (a worker thread); then, when asked, delete what must go."""
+    ) -> tuple[Usage, Usage] | None:
+        """Append to the files (a worker thread); then, when asked, delete what must go and
+        count what stays: all, and audits."""
         assert self.store is not None
         for where, name, data in jobs:
             try:
@@ -231,9 +234,12 @@ class Recordings:
             except OSError as exc:
                 log.error("cannot delete recording %s: %s", file.name, exc)
         usage: Usage = collections.Counter()
+        audits: Usage = collections.Counter()
         for file in files:
             usage[file.folder.namespace] += file.size
-        return usage
+            if file.audit:
+                audits[file.folder.namespace] += file.size
+        return usage, audits
 
 
 def doomed(
