@@ -49,12 +49,17 @@ def server(control_plane: ControlPlane) -> Iterator[Subres]:
         run_sync(subresserver.shutdown(launched))
 
 
+async def served(plane: ControlPlane, name: str, backend: Backend) -> int:
+    """Machine `name` on `backend`, served through kube-apiserver; the backend's count then."""
+    await put_machine(plane, name, console=backend.url)
+    await wait_served(via_apiserver(plane, "alice"), name)
+    return backend.accepted
+
+
 async def test_a_refused_upgrade_through_kube_apiserver_leaves_no_connection_to_reuse(
     control_plane: ControlPlane, server: Subres, backend: Backend
 ) -> None:
-    await put_machine(control_plane, "cve-1", console=backend.url)
-    await wait_served(via_apiserver(control_plane, "alice"), "cve-1")
-    accepted = backend.accepted
+    accepted = await served(control_plane, "cve-1", backend)
     token = control_plane.users["alice"].token
     host, port = control_plane.url.removeprefix("https://").split(":")
     context = ssl.create_default_context(cafile=str(control_plane.server_ca))
@@ -77,9 +82,7 @@ async def test_a_refused_upgrade_through_kube_apiserver_leaves_no_connection_to_
 async def test_a_refused_upgrade_straight_to_subres_closes_the_proxys_connection(
     control_plane: ControlPlane, server: Subres, backend: Backend
 ) -> None:
-    await put_machine(control_plane, "cve-2", console=backend.url)
-    await wait_served(via_apiserver(control_plane, "alice"), "cve-2")
-    accepted = backend.accepted
+    accepted = await served(control_plane, "cve-2", backend)
     context = server.ssl_context(control_plane.front_proxy_client)
     reader, writer = await asyncio.open_connection(
         "127.0.0.1", server.port, ssl=context, server_hostname=SERVER_NAME
@@ -122,9 +125,7 @@ async def test_an_old_openapi_hash_through_kube_apiserver_is_no_refused_redirect
 async def test_the_clusters_front_proxy_ca_with_an_extra_name_is_no_proxy(
     control_plane: ControlPlane, server: Subres, backend: Backend, names: tuple[str, ...]
 ) -> None:
-    await put_machine(control_plane, "cve-3", console=backend.url)
-    await wait_served(via_apiserver(control_plane, "alice"), "cve-3")
-    accepted = backend.accepted
+    accepted = await served(control_plane, "cve-3", backend)
     forged = proxy_certificate(control_plane.front_proxy_ca, *names)
     as_alice = {"X-Remote-User": "alice", "X-Remote-Group": USERS_GROUP}
     code, status = await refused(direct(server, forged, as_alice), "cve-3")

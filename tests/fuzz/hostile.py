@@ -10,30 +10,18 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
 
 import atheris
 
 from subres.auth import attributes
 from subres.protocol import asciicast, digits, relay, rfbguard
 from subres.sessions import recordfiles
+from tests.fuzz.support import Provider, chunks
 
 __all__ = ["TARGETS"]
 
-Provider = Any
-"""`atheris.FuzzedDataProvider` (untyped)."""
-
 _VERSIONS = (b"RFB 003.003\n", b"RFB 003.007\n", b"RFB 003.008\n")
 _MESSAGE_TYPES = (0, 2, 3, 4, 5, 6, 150, 248, 250, 251, 253, 255, 99)
-
-
-def _cuts(fdp: Provider, data: bytes) -> list[bytes]:
-    pieces, pos = [], 0
-    while pos < len(data):
-        size = fdp.ConsumeIntInRange(1, max(1, len(data) - pos))
-        pieces.append(data[pos : pos + size])
-        pos += size
-    return pieces
 
 
 def _viewer_stream(fdp: Provider, version: bytes) -> bytes:
@@ -80,7 +68,7 @@ def rfb_guard(data: bytes) -> None:
     server = server[: fdp.ConsumeIntInRange(0, len(server))]  # a guest may stop anywhere
     stream = _viewer_stream(fdp, version)
     whole, refused = _guarded(view_only, server, [stream])
-    cut, cut_refused = _guarded(view_only, server, _cuts(fdp, stream))
+    cut, cut_refused = _guarded(view_only, server, chunks(fdp, stream))
     if not refused and not cut_refused:
         assert cut == whole, (cut, whole)
     if view_only:
@@ -121,7 +109,7 @@ def relay_framing(data: bytes) -> None:
     decoder = relay.FrameDecoder(partial=partial)
     received = bytearray()
     failed = False
-    for chunk in _cuts(fdp, stream):
+    for chunk in chunks(fdp, stream):
         try:
             events = decoder.feed(chunk)
         except relay.FrameError:
