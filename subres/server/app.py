@@ -55,9 +55,9 @@ from subres.server import (
     vnc,
 )
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
-from subres.server.keeper import Keeper
 from subres.server.state import State
 from subres.serving import errors, health
+from subres.sessions.keeper import Keeper
 from subres.web import page
 
 __all__ = ["KEEPER", "build"]
@@ -122,6 +122,13 @@ def build(state: State) -> web.Application:
     page.add_routes(app, settings)
 
     keeper = app[KEEPER] = Keeper(state)
+    state.metrics.replica_members.set(len(state.owners.members))
+
+    def members_changed(_: tuple[str, ...]) -> None:
+        state.metrics.replica_members.set(len(state.owners.members))
+        state.sessions.moved(state.owners.mine, "the session moved to another replica")
+
+    state.owners.on_change(members_changed)
 
     async def on_startup(_: web.Application) -> None:
         await keeper.start()

@@ -4,29 +4,27 @@ Over a WebSocket in any channel dialect, or SPDY remote-command. `console`
 is the writer: one per machine, a newer one takes over. `console-observe`
 is an observer: read-only, authorized as its own subresource so that RBAC
 can grant watching without typing, at most `session.maxObserversPerConsole`
-per console and `session.maxObservers` per replica (429 beyond); observers
-stay attached while writers come and go. Both accept `?tail=N` (lines of a kept console's
-scrollback to replay first).
+per console and `session.maxObservers` per replica (429 beyond:
+`sessions.sharing`); observers stay attached while writers come and go.
+Both accept `?tail=N` (lines of a kept console's scrollback to replay
+first). The console's owner (`sessions.members`) holds
+the writer's slot, the observers and the kept connection; when that is
+another replica, this one relays to it (`sessions.peer`).
 """
 
 from __future__ import annotations
 
 from aiohttp import hdrs, web
 
+from subres.backends.peer import PeerStream
 from subres.engine.stream import ByteStream
 from subres.kube import status
 from subres.kube.status import StatusError
 from subres.protocol import digits, httpstream
-from subres.server import (
-    handshake,
-    recorded,
-    remotecommand,
-    session,
-    sharing,
-    streaming,
-    subresource,
-)
+from subres.server import handshake, remotecommand, streaming, subresource
+from subres.server.middleware import who
 from subres.server.state import State
+from subres.sessions import peer, session, sharing
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
@@ -62,25 +60,8 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     target = subresource.resolve(state, request, "console")
     url = subresource.endpoint_url(target)
     tail = _tail(request)
-    recorded.check(state, target)  # a recording that cannot be kept: 503, before anything
-    if mode == session.OBSERVER:
-        with sharing.watching(state, target):  # a place among its observers first (429)
-            return await _stream(state, request, target, url, mode=mode, tail=tail)
-    return await _stream(state, request, target, url, mode=mode, tail=tail)
-
-
-async def _stream(
-    state: State,
-    request: web.Request,
-    target: subresource.Target,
-    url: str,
-    *,
-    mode: str,
-    tail: int | None,
-) -> web.StreamResponse:
-    writer = mode == session.WRITER
     if handshake.dry_run(request):  # what the page asks when a browser hid a refusal
-        if writer:
+        if mode == session.WRITER:
             await subresource.vet(state, target, url)
         return handshake.dry_run_passed()
     # The two dialects' upgrades take different arguments: two calls that look alike.
@@ -88,21 +69,21 @@ async def _stream(
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
     ):
         protocol = remotecommand.negotiate(request)
-        backend = await _backend(state, target, url, mode=mode, tail=tail)
+        backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
         return await remotecommand.serve(
             state,
             request,
             target=target,
             protocol=protocol,
             backend=backend,
-            exclusive=writer,
+            exclusive=exclusive,
             mode=mode,
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
-    if tail is not None and not sharing.keeps_scrollback(state, target):
+    backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
+    if tail is not None and not _replays(state, target, backend):
         # Said, not refused: the session is what was asked for, less a replay.
         ws.headers.add(hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
-    backend = await _backend(state, target, url, mode=mode, tail=tail)
     return await streaming.serve(
         state,
         request,
@@ -110,17 +91,38 @@ async def _stream(
         ws=ws,
         dialect=dialect,
         backend=backend,
-        exclusive=writer,
+        exclusive=exclusive,
         mode=mode,
     )
 
 
 async def _backend(
-    state: State, target: subresource.Target, url: str, *, mode: str, tail: int | None
-) -> ByteStream:
+    state: State,
+    request: web.Request,
+    target: subresource.Target,
+    url: str,
+    *,
+    mode: str,
+    tail: int | None,
+) -> tuple[ByteStream, bool]:
+    """The session's backend, and whether the session holds the slot here.
+
+    When another replica owns the console, a peer session there (which holds
+    the slot); else the console here.
+    """
+    relayed = await peer.front(state, target, who(request), mode=mode, preserve=False, tail=tail)
+    if relayed is not None:
+        return relayed, False
     if mode == session.OBSERVER:
-        return sharing.observe(state, target, tail=tail)
-    return await sharing.write(state, target, url, tail=tail)
+        return sharing.observe(state, target, tail=tail), False
+    return await sharing.write(state, target, url, tail=tail), True
+
+
+def _replays(state: State, target: subresource.Target, backend: ByteStream) -> bool:
+    """Whether the console is kept, here or by its owner, with a scrollback to replay."""
+    if isinstance(backend, PeerStream):
+        return backend.keeps_scrollback
+    return sharing.keeps_scrollback(state, target)
 
 
 def _tail(request: web.Request) -> int | None:

@@ -30,9 +30,11 @@ from subres.engine.websocket import CloseCode
 from subres.kube.status import exited, failure
 from subres.protocol import httpstream
 from subres.protocol.spdy import Role
-from subres.server import portforward_spdy, session
+from subres.server import portforward_spdy
+from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.server.subresource import Target
+from subres.sessions import session
+from subres.sessions.target import Target
 
 __all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "negotiate", "serve"]
 
@@ -67,7 +69,9 @@ async def serve(
 ) -> web.StreamResponse:
     """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`."""
     try:
-        async with session.hold(state, request, target=target, exclusive=exclusive) as claim:
+        async with session.hold(
+            state, request[USER].name, target=target, exclusive=exclusive
+        ) as claim:
             response, socket = await upgrade.upgrade(
                 request, httpstream.switching_headers(protocol)
             )
@@ -79,7 +83,7 @@ async def serve(
                 spdy,
                 session.live(
                     state,
-                    request,
+                    who(request),
                     target=target,
                     dialect=f"spdy/{protocol}",
                     client=client,

@@ -12,7 +12,8 @@ endpoints stop sending it requests; then `Server.stop` takes at most
 is going away (1001), waits for them to end until a last step before the
 deadline, drops the connections of any that did not (a client that reads
 nothing, a peer that never hangs up), lets aiohttp finish the other
-requests, and gives up the session Leases in what remains.
+requests, and leaves the replicas' membership in what remains (its Lease
+was already deleted when the drain began, so that its units moved at once).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from subres.kube.informer import InformerSettings
 from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import cluster
+from subres.server import cluster, peer
 from subres.server.options import Options
 from subres.server.state import State
 from subres.serving import certs, connections
@@ -50,7 +51,6 @@ from subres.serving.tls import ReloadingTLS
 from subres.sessions import audit
 from subres.sessions.audit import SessionAudit
 from subres.sessions.events import KubeEvents
-from subres.sessions.registry import Sessions
 
 __all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
 
@@ -60,7 +60,7 @@ WATCH_INTERVAL = 1.0
 """Seconds between checks of the certificate, token, CA and standalone files."""
 LAST_STEP = 1.0
 """Seconds of the shutdown grace (at most half of it) kept for after the sessions:
-finishing other requests, deleting session Leases."""
+finishing other requests, deleting this replica's membership Lease."""
 GOING_AWAY = "the server is shutting down"
 
 
@@ -83,6 +83,10 @@ class Background(Protocol):
         """Stop it within `grace` seconds, after the listener closed."""
         ...
 
+    async def leave(self) -> None:
+        """The drain started: give this replica's units to the others now."""
+        ...
+
 
 @dataclass
 class Server:
@@ -97,8 +101,12 @@ class Server:
     polled: tuple[Reloadable, ...] = ()
     """Further things to poll (standalone: the token and client CA files)."""
     background: Background | None = None
+    peer_tls: ReloadingTLS | None = None
+    """Cluster mode: the peer port's TLS (the replica certificate, replica clients only)."""
     runner: web.AppRunner | None = None
+    peer_runner: web.AppRunner | None = None
     port: int = 0
+    peer_port: int = 0
     _watcher: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
@@ -117,25 +125,45 @@ class Server:
             # is dozens of requests.
             access_log=logging.getLogger("aiohttp.access") if self.options.access_log else None,
         )
-        await self.runner.setup()
-        site = connections.GuardedSite(
-            self.runner,
-            self.state.connections,
-            host=self.options.bind_address,
-            port=self.options.secure_port,
-            ssl_context=self.tls.context,
-            backlog=1024,
-        )
-        await site.start()
-        self.port = int(self.runner.addresses[0][1])
+        self.port = await self._listen(self.runner, self.options.secure_port, self.tls)
+        if self.peer_tls is not None:
+            await self._start_peer(self.peer_tls)
         self._watcher = asyncio.create_task(self._watch())
         self.state.reclaimer.start()
         log.info("serving on https://%s:%d", self.options.bind_address, self.port)
         return self.port
 
+    async def _start_peer(self, tls: ReloadingTLS) -> None:
+        self.peer_runner = web.AppRunner(
+            peer.build(self.state), handle_signals=False, handler_cancellation=True, access_log=None
+        )
+        self.peer_port = await self._listen(self.peer_runner, self.options.peer_port, tls)
+        log.info("serving replicas on https://%s:%d", self.options.bind_address, self.peer_port)
+
+    async def _listen(self, runner: web.AppRunner, port: int, tls: ReloadingTLS) -> int:
+        """Set `runner` up behind the connection guard on `port`; the port actually bound."""
+        await runner.setup()
+        site = connections.GuardedSite(
+            runner,
+            self.state.connections,
+            host=self.options.bind_address,
+            port=port,
+            ssl_context=tls.context,
+            backlog=1024,
+        )
+        await site.start()
+        return int(runner.addresses[-1][1])
+
     async def drain(self, *, cut_short: asyncio.Event) -> None:
-        """Fail readiness, keep serving for the shutdown delay (or until `cut_short`), stop."""
+        """Fail readiness, leave the members, keep serving for the shutdown delay, stop.
+
+        Serving goes on for `--shutdown-delay` (or until `cut_short`) so that
+        kube-apiserver stops sending requests; this replica's units move to the
+        others at once, and its sessions on them end with 1001.
+        """
         self.state.draining = True
+        if self.background is not None:
+            await self.background.leave()
         log.info("shutting down: not ready; serving %.1fs more", self.options.shutdown_delay)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.options.shutdown_delay):
@@ -157,6 +185,8 @@ class Server:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline - last / 2):
                     await self.runner.cleanup()
+                    if self.peer_runner is not None:
+                        await self.peer_runner.cleanup()
         await self.state.reclaimer.stop()
         if self.background is not None:
             await self.background.stop(grace=max(0.0, deadline - loop.time()))
@@ -184,6 +214,8 @@ class Server:
         for polled in self.polled:
             polled.reload_if_changed()
         self.tls.reload_if_changed()
+        if self.peer_tls is not None:
+            self.peer_tls.reload_if_changed()
         self.state.tls_ready = self.tls.ready
 
 
@@ -242,8 +274,9 @@ async def complete_cluster(
         connections=connections.Guard(options.connections),
         readiness=_readiness(parts),
         secrets=ApiSecrets(parts.main),
-        sessions=Sessions(shared=parts.leases),
         agents=_agents(options, parts.agents or StaticDirectory({})),
+        owners=parts.owners,
+        peer_tls=_client_tls(options, peer.REPLICA_NAME),
         metrics=metrics,
         audit=SessionAudit(audit.open_log(options.session_audit_log)),
         events=KubeEvents(parts.main, metrics=metrics, instance=replica),
@@ -255,14 +288,21 @@ async def complete_cluster(
             "subjectaccessreview": parts.authorizer.cache,
         }
     )
-    return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
+    return Server(
+        options=options,
+        state=state,
+        tls=tls,
+        source=parts.auth,
+        background=parts,
+        peer_tls=_peer_serving(options),
+    )
 
 
 def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
     """Cluster mode's /readyz checks beyond TLS and the parent caches."""
     checks: dict[str, Callable[[], bool]] = {
         "authentication-config": lambda: parts.auth.ready,
-        "session-leases": lambda: parts.leases.synced,
+        "replica-membership": lambda: parts.synced,
     }
     agents = parts.agents
     if agents is not None:
@@ -271,17 +311,37 @@ def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
     return checks
 
 
+def _replica_files(options: Options) -> tuple[Path, Path, Path] | None:
+    """The replica certificate, its key and the internal CA, when all three are given."""
+    cert, key, ca = (
+        options.agent_client_cert_file,
+        options.agent_client_key_file,
+        options.agent_ca_file,
+    )
+    return (cert, key, ca) if cert and key and ca else None
+
+
+def _client_tls(options: Options, server_name: str) -> ClientTLS | None:
+    """The replica certificate as a client of servers named `server_name` (agents, peers)."""
+    files = _replica_files(options)
+    if files is None:
+        return None
+    cert, key, ca = files
+    return ClientTLS(cert=cert, key=key, ca=ca, server_name=server_name)
+
+
 def _agents(options: Options, directory: Directory) -> Agents:
     """How node-local endpoints are reached: agents need the client certificate files."""
-    tls = None
-    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
-        tls = ClientTLS(
-            cert=options.agent_client_cert_file,
-            key=options.agent_client_key_file,
-            ca=options.agent_ca_file,
-            server_name=options.agent_server_name,
-        )
-    return Agents(directory=directory, tls=tls)
+    return Agents(directory=directory, tls=_client_tls(options, options.agent_server_name))
+
+
+def _peer_serving(options: Options) -> ReloadingTLS | None:
+    """The peer port's TLS: the replica certificate, and only its CA's clients."""
+    files = _replica_files(options)
+    if files is None:
+        return None
+    cert, key, ca = files
+    return ReloadingTLS(cert=cert, key=key, client_ca=[ca], require_client_cert=True)
 
 
 def _serving_pair(options: Options) -> tuple[Path, Path]:

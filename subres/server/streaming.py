@@ -17,9 +17,11 @@ from subres.engine.websocket import WebSocketClient
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol.channels import Dialect
-from subres.server import handshake, session
+from subres.server import handshake
+from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.server.subresource import Target
+from subres.sessions import session
+from subres.sessions.target import Target
 
 __all__ = ["negotiate", "serve"]
 
@@ -56,12 +58,12 @@ async def serve(
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
         async with session.hold(
-            state, request, target=target, exclusive=exclusive, preserve=preserve
+            state, request[USER].name, target=target, exclusive=exclusive, preserve=preserve
         ) as claim:
             await ws.prepare(request)
             async with session.live(
                 state,
-                request,
+                who(request),
                 target=target,
                 dialect=dialect.name,
                 client=client,

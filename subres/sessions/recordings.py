@@ -121,6 +121,9 @@ class Recordings:
             if hub.scrollback is not None:
                 # What a kept console replays to the first to attach is part of what they saw.
                 recorder.output(hub.scrollback.tail())
+            for note in hub.notes:
+                recorder.marker(note)
+            hub.notes.clear()
         recorder.attached += 1
         recorder.marker(f"{who} attached")
 

@@ -10,9 +10,9 @@ was promised one by the banner. A parent whose name cannot be a folder
 from __future__ import annotations
 
 from subres.kube.status import StatusError
-from subres.server.state import State
-from subres.server.subresource import Target
 from subres.sessions import recordfiles
+from subres.sessions.runtime import Runtime
+from subres.sessions.target import Target
 
 __all__ = ["check", "folder"]
 
@@ -30,7 +30,7 @@ def folder(target: Target) -> recordfiles.Folder:
         raise StatusError(400, f"{target.describe()}: {exc}") from None
 
 
-def check(state: State, target: Target) -> None:
+def check(state: Runtime, target: Target) -> None:
     """Nothing when `target`'s sessions may start as to recording; a Status otherwise."""
     if not state.recordings.wanted(target.spec, target.obj):
         return

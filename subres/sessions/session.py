@@ -4,17 +4,18 @@ Every handler runs its live part inside `live(...)`, after the upgrade; a
 session with an exclusive slot (console, vnc) takes it with `hold(...)`
 first, before the upgrade:
 
-    async with session.hold(state, request, target=..., exclusive=True) as claim:
+    async with session.hold(runtime, user, target=..., exclusive=True) as claim:
         ...upgrade...
-        async with session.live(state, request, target=..., dialect=..., client=...,
+        async with session.live(runtime, who, target=..., dialect=..., client=...,
                                 claim=claim) as s:
             await s.run(pump(client, backend, s.record.traffic))
 
 Holding takes the slot over from its predecessor, which is closed with 4001
-naming the new user, here or (cluster mode, through session Leases) on
-another replica. It comes before the upgrade because it can fail (409 for
-`preserveSession`, 503 when the replicas cannot be coordinated), and the
-client must get that as a `Status`; leaving it gives the slot up. Entering
+naming the new user. Slots are held by the replica that owns the unit
+(`sessions.members`); a session fronted by another replica holds it there,
+through a peer session (`sessions.peer`). It comes before the upgrade because
+it can fail (409 for `preserveSession`), and the client must get that as a
+`Status`; leaving it gives the slot up. Entering
 `live` registers the session and counts it; `run` awaits the work and keeps
 its outcome, or that the client's connection was lost (aiohttp then cancels
 the handler, and the work stops both directions as it unwinds); leaving
@@ -40,16 +41,12 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
-from subres.server import recorded
-from subres.server.middleware import USER
-from subres.server.state import State
-from subres.server.subresource import Target
-from subres.sessions import events, recordings
-from subres.sessions.registry import Busy, Claim, Closable, SessionKey
+from subres.sessions import events, recorded, recordings
+from subres.sessions.registry import Busy, Claim, Closable
+from subres.sessions.runtime import Runtime, Who
+from subres.sessions.target import Target, key
 
 __all__ = [
     "FORWARDER",
@@ -61,8 +58,8 @@ __all__ = [
     "Record",
     "busy",
     "hold",
-    "key",
     "live",
+    "record",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,7 +141,7 @@ class Live:
 
     def __init__(
         self,
-        state: State,
+        state: Runtime,
         record: Record,
         client: Closable,
         *,
@@ -174,6 +171,8 @@ class Live:
         if callable(attached):
             attached(self._close_later)
         self._record_console()
+        if getattr(self.backend, "recorded", False) is True:
+            self.record.recorded = True  # by the replica that owns the console
         fields = self.record.fields()
         self.state.audit.started(fields)
         self._event(events.opened(fields))
@@ -253,9 +252,9 @@ class Hold:
     leaving releases it.
     """
 
-    def __init__(self, state: State, request: web.Request, target: Target, *, preserve: bool):
+    def __init__(self, state: Runtime, user: str, target: Target, *, preserve: bool):
         self.state = state
-        self.request = request
+        self.user = user
         self.target = target
         self.preserve = preserve
         self.claim: Claim | None = None
@@ -263,7 +262,7 @@ class Hold:
     async def __aenter__(self) -> Claim:
         try:
             self.claim = await self.state.sessions.claim(
-                key(self.target), user=self.request[USER].name, preserve=self.preserve
+                key(self.target), user=self.user, preserve=self.preserve
             )
         except Busy:
             raise busy(self.target) from None
@@ -284,11 +283,6 @@ class _NoHold:
         return None
 
 
-def key(target: Target) -> SessionKey:
-    """The exclusive slot of `target`'s subresource."""
-    return SessionKey(target.parent.resource, target.spec.name, target.namespace, target.name)
-
-
 def busy(target: Target) -> StatusError:
     """The 409 of a session that asked to preserve the one holding its slot."""
     return StatusError(
@@ -299,18 +293,34 @@ def busy(target: Target) -> StatusError:
 
 
 def hold(
-    state: State, request: web.Request, *, target: Target, exclusive: bool, preserve: bool = False
+    state: Runtime, user: str, *, target: Target, exclusive: bool, preserve: bool = False
 ) -> Hold | _NoHold:
     """The session's exclusive slot, to enter before the upgrade (see the module docstring).
 
     With `preserve`, a slot another session holds is a 409 instead of a takeover.
     """
-    return Hold(state, request, target, preserve=preserve) if exclusive else _NoHold()
+    return Hold(state, user, target, preserve=preserve) if exclusive else _NoHold()
+
+
+def record(target: Target, who: Who, *, dialect: str, mode: str = "") -> Record:
+    """A new session's `Record`; `mode` defaults to the subresource's interactive one."""
+    return Record(
+        subresource=target.spec.name,
+        mode=mode or DEFAULT_MODES.get(target.spec.name, WRITER),
+        dialect=dialect or "raw",
+        kind=target.parent.kind,
+        namespace=target.namespace,
+        name=target.name,
+        user=who.user,
+        groups=who.groups,
+        client=who.client,
+        request_id=who.request_id,
+    )
 
 
 def live(
-    state: State,
-    request: web.Request,
+    state: Runtime,
+    who: Who,
     *,
     target: Target,
     dialect: str,
@@ -324,31 +334,18 @@ def live(
     `mode` defaults to the subresource's interactive one. A `backend` with an
     `attached(closer)` method is given a way to close this session.
     """
-    user = request[USER]
-    record = Record(
-        subresource=target.spec.name,
-        mode=mode or DEFAULT_MODES.get(target.spec.name, WRITER),
-        dialect=dialect or "raw",
-        kind=target.parent.kind,
-        namespace=target.namespace,
-        name=target.name,
-        user=user.name,
-        groups=tuple(user.groups),
-        client=request.remote or "",
-        request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
-    )
     return Live(
         state,
-        record,
+        record(target, who, dialect=dialect, mode=mode),
         client,
         claim=claim,
-        transport=request.transport,
+        transport=who.transport,
         target=target,
         backend=backend,
     )
 
 
-def _report(state: State, record: Record) -> None:
+def _report(state: Runtime, record: Record) -> None:
     ending = record.outcome.ending.value if record.outcome else Ending.ERROR.value
     seconds = (record.ended or record.started) - record.started
     state.metrics.session_ended(

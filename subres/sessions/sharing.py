@@ -1,32 +1,36 @@
-"""Which byte stream a console session pumps: its own backend, or a share of the console.
+"""Which byte stream a console or display session pumps on the replica that owns it.
 
 A writer dials the machine's console, and its output also goes to the
 console's hub (`sessions.hub.Tee`), where observers read it; a kept console's
 writer dials nothing and uses the kept connection (`sessions.hub.KeptPort`).
 An observer dials nothing: it reads the hub (`sessions.hub.Feed`), and what it
-types is dropped. Every observer, of a console or a display, first takes a
-place (`watching`): 429 when its console or the replica has as many as
-`session.maxObserversPerConsole` and `session.maxObservers` allow.
+types is dropped. A display's viewer dials the display through the viewer
+guard (`sessions.viewer`).
+
+Every observer, of a console or a display, first takes a place among the
+observers this replica serves (`watching`), before anything is attached or
+dialed: 429 when its console or display already has
+`session.maxObserversPerConsole` of them or the replica `session.maxObservers`.
+The place goes back when its backend is closed, which ends every session and
+every upgrade that failed.
 """
 
 from __future__ import annotations
 
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.server import subresource
-from subres.server.session import key
-from subres.server.state import State
-from subres.server.subresource import Target
+from subres.sessions import recorded
 from subres.sessions.hub import Feed, Hub, KeptPort, Tee
 from subres.sessions.observers import Slot, TooManyObservers
-from subres.sessions.registry import SessionKey
+from subres.sessions.runtime import Runtime
+from subres.sessions.target import Target, endpoint_url, key
+from subres.sessions.viewer import GuardedDisplay
 
 __all__ = [
     "RETRY_AFTER",
+    "display",
     "hub",
-    "keeper_key",
     "keeps_scrollback",
-    "key",
     "observe",
     "watching",
     "write",
@@ -36,14 +40,9 @@ RETRY_AFTER = 5
 """Seconds an observer refused for want of a place is told to wait."""
 
 
-def keeper_key(target: Target) -> SessionKey:
-    """The slot of whoever keeps `target`'s console (which replica, in cluster mode)."""
-    console = key(target)
-    return SessionKey(console.resource, "console-keeper", console.namespace, console.name)
-
-
-async def write(state: State, target: Target, url: str, *, tail: int | None) -> ByteStream:
+async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -> ByteStream:
     """The writer's backend: the kept connection, or one dialed (before any upgrade)."""
+    recorded.check(state, target)  # a recording that cannot be kept: 503, before anything
     kept = state.sessions.hubs.get(key(target))
     if kept is not None and kept.keeper is not None:
         if kept.keeper.backend is None:
@@ -51,13 +50,32 @@ async def write(state: State, target: Target, url: str, *, tail: int | None) -> 
                 503, f"{target.describe()}: the kept console is not connected: {kept.keeper.status}"
             )
         return KeptPort(kept, kept.keeper, tail=tail)
-    if state.sessions.active(keeper_key(target)):
-        raise StatusError(503, f"{target.describe()}: another replica keeps this console")
-    backend = await subresource.connect(state, target, url)
+    backend = await state.backends.connect(target, url)
     return Tee(backend, hub(state, target))
 
 
-def watching(state: State, target: Target) -> Slot:
+def observe(state: Runtime, target: Target, *, tail: int | None) -> Feed:
+    """An observer's share of the console, its place taken (429 when there is none)."""
+    recorded.check(state, target)
+    place = watching(state, target)
+    feed = hub(state, target).attach(tail=tail)
+    feed.closed_by(place.release)
+    return feed
+
+
+async def display(state: Runtime, target: Target, *, view_only: bool) -> GuardedDisplay:
+    """A viewer's own connection to the display; a view-only one takes its place first."""
+    place = watching(state, target) if view_only else None
+    try:
+        backend = await state.backends.connect(target, endpoint_url(target))
+    except BaseException:
+        if place is not None:
+            place.release()
+        raise
+    return GuardedDisplay(backend, view_only=view_only, place=place)
+
+
+def watching(state: Runtime, target: Target) -> Slot:
     """An observer's place among `target`'s (before anything is dialed or attached)."""
     try:
         return state.observers.take(
@@ -72,17 +90,12 @@ def watching(state: State, target: Target) -> Slot:
         ) from None
 
 
-def observe(state: State, target: Target, *, tail: int | None) -> Feed:
-    """An observer's share of the console."""
-    return hub(state, target).attach(tail=tail)
-
-
-def keeps_scrollback(state: State, target: Target) -> bool:
+def keeps_scrollback(state: Runtime, target: Target) -> bool:
     """Whether `target`'s console is kept here, with output to replay (`?tail=`)."""
     kept = state.sessions.hubs.get(key(target))
     return kept is not None and kept.scrollback is not None
 
 
-def hub(state: State, target: Target) -> Hub:
+def hub(state: Runtime, target: Target) -> Hub:
     """`target`'s console hub."""
     return state.sessions.hub(key(target), feed_limit=state.config.session.observer_backlog)
