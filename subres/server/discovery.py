@@ -118,7 +118,7 @@ def served(parent: ParentSpec) -> list[str]:
         if sub in SHARES:
             names.append(SHARES[sub])
     if "console" in parent.subresources:
-        names.append("recordings")
+        names += ["log", "recordings"]
     return [*names, "sessions"]
 
 

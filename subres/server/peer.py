@@ -10,6 +10,8 @@ internal CA, and `serving.tls.replica_caller` checks it names a replica.
   objects (`sessionlist` merges every replica's).
 - `GET /peer/v1/recordings/{resource}/{namespace}/{name}` and `…/{file}`: this
   replica's recordings of a machine (`recordinglist` merges them).
+- `GET /peer/v1/log/{resource}/{namespace}/{name}`: the log of a console this
+  replica owns and keeps, whole or followed (`log` streams it through).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp.typedefs import Handler
 from subres.backends.peer import UPGRADE
 from subres.engine import upgrade
 from subres.kube.status import StatusError
+from subres.server import log as logs
 from subres.server import recordinglist, sessionlist
 from subres.server.state import State
 from subres.serving import certs, errors
@@ -45,6 +48,9 @@ def build(state: State) -> web.Application:
     app.router.add_get("/peer/v1/sessions", functools.partial(sessionlist.fronted, state))
     app.router.add_get(recordings, functools.partial(recordinglist.local_listing, state))
     app.router.add_get(recordings + "/{file}", functools.partial(recordinglist.local_one, state))
+    app.router.add_get(
+        "/peer/v1/log/{resource}/{namespace}/{name}", functools.partial(logs.owned, state)
+    )
     return app
 
 
@@ -63,6 +69,8 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     prepared = await peer.prepare(state, ask)
     recorded = state.recordings.wanted(prepared.target.spec, prepared.target.obj)
     headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
+    if prepared.target.spec.name == "usbredir":
+        headers.append(("Subres-Unit", prepared.target.spec.unit))  # the slot it chose
     if prepared.target.spec.name == "console":
         if recorded:
             headers.append(("Subres-Recorded", "true"))

@@ -9,7 +9,7 @@ dials or attaches as a session of its own would (`prepare`), answers 101
 and relays (`serve`). The request carries, as headers:
 
     Subres-Unit: machines/console/default/vm1[/console name]
-    Subres-Mode: writer | observer | viewer
+    Subres-Mode: writer | observer | viewer | redirector
     Subres-User, Subres-Group (repeated), Subres-Client, Subres-Request-Id
     Subres-Front: the front replica's name
     Subres-Preserve: true     (preserveSession)
@@ -21,7 +21,8 @@ differ for a moment), on which the front looks again and retries once. After
 101 the owner relays frames (`protocol.relay`, CLOSE when it ends the session:
 a takeover is 4001 with its reason). The front writes the audit lines,
 metrics and Events; the owner holds the slot and writes the recording (its
-101 says `Subres-Recorded: true`).
+101 says `Subres-Recorded: true`). For USB redirection the owner of the
+machine's slots chooses one and says which in its 101 (`Subres-Unit: 0`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
-from subres.sessions import recorded, recordings, sharing
+from subres.sessions import recorded, recordings, sharing, usbslots
 from subres.sessions.registry import Busy, Claim, SessionKey
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import OBSERVER, VIEWER, WRITER, busy
+from subres.sessions.session import OBSERVER, REDIRECTOR, VIEWER, WRITER, busy
 from subres.sessions.target import Target, endpoint_url, key
 
 __all__ = [
@@ -65,7 +66,7 @@ NOT_OWNER = 421
 """The owner's answer when it does not think it owns the unit."""
 MAX_TAIL = (1 << 31) - 1
 """The most lines a peer session may replay (what a front lets a client ask)."""
-MODES = {"console": (WRITER, OBSERVER), "vnc": (VIEWER, OBSERVER)}
+MODES = {"console": (WRITER, OBSERVER), "vnc": (VIEWER, OBSERVER), "usbredir": (REDIRECTOR,)}
 """The subresources served by their unit's owner, and their modes."""
 
 
@@ -101,8 +102,8 @@ def headers(ask: Ask) -> list[tuple[str, str]]:
     """The peer request's headers for `ask`."""
     unit = ask.unit
     parts = [unit.resource, unit.subresource, unit.namespace, unit.name]
-    if unit.console:
-        parts.append(unit.console)
+    if unit.unit:
+        parts.append(unit.unit)
     out = [
         ("Subres-Unit", "/".join(parts)),
         ("Subres-Mode", ask.mode),
@@ -197,17 +198,27 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
     if not state.owners.mine(ask.unit):
         raise StatusError(NOT_OWNER, f"the replica {state.replica} does not own the {ask.unit}")
     parent = state.config.parent(ask.unit.resource)
-    spec = parent.subresources.get(ask.unit.subresource) if parent is not None else None
+    spec = None
+    if parent is not None:
+        spec = parent.subresources.get(ask.unit.subresource)
+        if ask.unit.subresource == "console":
+            spec = parent.console(ask.unit.unit)
     if parent is None or spec is None:
-        raise StatusError(404, f"no {ask.unit.subresource} of {ask.unit.resource} here")
+        raise StatusError(404, f"no {ask.unit} of {ask.unit.resource} here")
     target = state.backends.checked(parent, spec, ask.unit.namespace, ask.unit.name)
     if ask.preserve and state.sessions.active(ask.unit):
         raise busy(target)  # without dialing
-    backend = await _backend(state, target, ask)
-    if ask.mode not in (WRITER, VIEWER):
+    if spec.name == "usbredir":
+        target, url = usbslots.choose(
+            state.sessions, target, usbslots.slots(target), preserve=ask.preserve
+        )
+        backend: ByteStream = await state.backends.connect(target, url)
+    else:
+        backend = await _backend(state, target, ask)
+    if ask.mode not in (WRITER, VIEWER, REDIRECTOR):
         return Prepared(ask, target, backend, None)
     try:
-        claim = await state.sessions.claim(ask.unit, user=ask.who.user, preserve=ask.preserve)
+        claim = await state.sessions.claim(key(target), user=ask.who.user, preserve=ask.preserve)
     except Busy:
         await backend.close()
         raise busy(target) from None
@@ -252,8 +263,9 @@ async def serve(state: Runtime, prepared: Prepared, carrier: Carrier) -> None:
                 hub,
                 where=recorded.folder(target),
                 audit=target.spec.record == "always",
-                title=f"{target.describe()} console",
+                title=recordings.title(target),
                 who=who,
+                unit=target.spec.unit,
             )
             announce = getattr(prepared.backend, "announce", None)
             if callable(announce):

@@ -10,9 +10,11 @@ a takeover shows as who came and who went). Input is not recorded: it holds
 what people type, passwords included, and the output shows its echo.
 Everyone recorded is told so (`BANNER`, first on their stdout).
 
-Files live per object (`recordfiles`: namespace, resource, name, uid); one
-larger than `maxFileBytes` goes on in a next part. One task writes them all
-in a worker thread, so a slow disk holds no session back. Space is shared
+Files live per object (`recordfiles`: namespace, resource, name, uid), one
+console of it per name (`STAMP-CONSOLE-ID` for a machine's console other
+than its default one); one larger than `maxFileBytes` goes on in a next
+part. One task writes them all in a worker thread, so a slow disk holds no
+session back. Space is shared
 fairly and no namespace can take another's:
 
 - each namespace's recordings together stay under `maxNamespaceBytes`:
@@ -43,8 +45,9 @@ from subres.config import ConsolesSpec, SubresourceSpec
 from subres.sessions.hub import Hub
 from subres.sessions.recorder import Recorder
 from subres.sessions.recordfiles import AUDIT, Folder, RecordingFile, Store
+from subres.sessions.target import Target
 
-__all__ = ["BANNER", "LOW_WATER", "Recordings", "doomed"]
+__all__ = ["BANNER", "LOW_WATER", "Recordings", "doomed", "title"]
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +105,23 @@ class Recordings:
             )
         return ""
 
-    def joined(self, hub: Hub, *, where: Folder, audit: bool, title: str, who: str) -> None:
-        """A session attached to a recorded console; its recording starts if it is the first."""
+    def joined(
+        self,
+        hub: Hub,
+        *,
+        where: Folder,
+        audit: bool,
+        title: str,
+        who: str,
+        unit: str = "",
+    ) -> None:
+        """A session attached to a recorded console (`unit`: which of the machine's, when it
+        is not the default one); its recording starts if it is the first."""
         recorder = _recorder(hub)
         if recorder is None:
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-            name = f"{stamp}-{secrets.token_hex(4)}{AUDIT if audit else ''}.cast"
+            console = f"{unit}-" if unit else ""
+            name = f"{stamp}-{console}{secrets.token_hex(4)}{AUDIT if audit else ''}.cast"
             recorder = Recorder(
                 Path(name),
                 title=title,
@@ -272,6 +286,12 @@ def _amount(size: int) -> str:
         if size >= scale and size % scale == 0:
             return f"{size // scale} {unit}"
     return f"{size} bytes"
+
+
+def title(target: Target) -> str:
+    """A recording's title: `Machine default/vm1 console` (`… console serial1` for another)."""
+    unit = f" {target.spec.unit}" if target.spec.unit else ""
+    return f"{target.describe()} console{unit}"
 
 
 def _recorder(hub: Hub) -> Recorder | None:

@@ -28,7 +28,8 @@ should cost no frame.
 
 Every session has a mode: a console's `writer` (one at a time) or
 `observer` (any number, read-only), a display's interactive `viewer` (one at
-a time) or view-only `observer`, a port-forward's `forwarder`.
+a time) or view-only `observer`, a port-forward's `forwarder`, a USB slot's
+`redirector` (one at a time).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from subres.sessions.target import Target, key
 __all__ = [
     "FORWARDER",
     "OBSERVER",
+    "REDIRECTOR",
     "VIEWER",
     "WRITER",
     "Hold",
@@ -70,7 +72,13 @@ WRITER = "writer"
 OBSERVER = "observer"
 VIEWER = "viewer"
 FORWARDER = "forwarder"
-DEFAULT_MODES = {"console": WRITER, "vnc": VIEWER, "portforward": FORWARDER}
+REDIRECTOR = "redirector"
+DEFAULT_MODES = {
+    "console": WRITER,
+    "vnc": VIEWER,
+    "portforward": FORWARDER,
+    "usbredir": REDIRECTOR,
+}
 
 
 @dataclass
@@ -79,7 +87,7 @@ class Record:
 
     subresource: str
     mode: str
-    """writer, observer, viewer or forwarder."""
+    """writer, observer, viewer, forwarder or redirector."""
     dialect: str
     """The negotiated subprotocol or stream protocol; "raw" for none."""
     kind: str
@@ -90,6 +98,8 @@ class Record:
     client: str
     """The client's address as this server sees it (kube-apiserver's, behind it)."""
     request_id: str
+    unit: str = ""
+    """Which of the machine's consoles or USB slots; "" where it has one of the kind."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """This session's own name, unique and safe to show (request ids come from clients)."""
     recorded: bool = False
@@ -113,6 +123,7 @@ class Record:
         outcome = self.outcome
         return {
             "subresource": self.subresource,
+            "unit": self.unit,
             "mode": self.mode,
             "dialect": self.dialect,
             "kind": self.kind,
@@ -188,8 +199,9 @@ class Live:
             hub,
             where=recorded.folder(target),
             audit=target.spec.record == "always",
-            title=f"{target.describe()} console",
+            title=recordings.title(target),
             who=f"{self.record.user} ({self.record.mode})",
+            unit=target.spec.unit,
         )
         self.record.recorded = True
         announce = getattr(self.backend, "announce", None)
@@ -315,6 +327,7 @@ def record(target: Target, who: Who, *, dialect: str, mode: str = "") -> Record:
         groups=who.groups,
         client=who.client,
         request_id=who.request_id,
+        unit=target.spec.unit,
     )
 
 
