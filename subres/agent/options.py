@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subres.serving import connections
+from subres.serving import connections, loops
 from subres.serving.certs import REPLICA_IDENTITY
 
 __all__ = ["AgentOptions", "add_arguments"]
@@ -45,6 +45,8 @@ class AgentOptions:
     read_size: int
     write_timeout: float = 30.0
     """Seconds a backend may take no data before its relay fails."""
+    loop: str = loops.DEFAULT
+    """The event loop: uvloop or asyncio (`subres.serving.loops`)."""
     connections: connections.Limits = field(default_factory=connections.Limits)
     """Handshake, header and idle timeouts and the unauthenticated cap, as `subres serve`'s."""
     socket_owners: Mapping[Path, tuple[int, int | None]] = field(default_factory=dict)
@@ -68,6 +70,7 @@ class AgentOptions:
             connect_timeout=ns.connect_timeout,
             read_size=ns.read_size,
             write_timeout=ns.write_timeout,
+            loop=ns.loop,
             connections=connections.Limits.from_args(ns),
         )
 
@@ -158,6 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a backend may take no data before its relay fails",
     )
+    loops.add_argument(parser)
     connections.add_arguments(parser)
     add(
         "--logging-format",

@@ -23,6 +23,7 @@ from subres.engine import upgrade
 from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
 from subres.engine.tunnel import WebSocketCarrier
+from subres.engine.websocket import ServerMessages
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
@@ -62,7 +63,13 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
         state, request, what="portforward", subprotocol=pairs.TUNNEL_PROTOCOL
     )
     await ws.prepare(request)
-    await _serve(state, request, target, WebSocketCarrier(ws), dialect=pairs.TUNNEL_PROTOCOL)
+    await _serve(
+        state,
+        request,
+        target,
+        WebSocketCarrier(ServerMessages(ws), linger=True),
+        dialect=pairs.TUNNEL_PROTOCOL,
+    )
     return ws
 
 

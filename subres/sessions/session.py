@@ -157,7 +157,7 @@ class Live:
         client: Closable,
         *,
         claim: Claim | None,
-        transport: asyncio.BaseTransport | None,
+        transport: asyncio.Transport | None,
         target: Target,
         backend: object = None,
     ) -> None:
@@ -239,7 +239,7 @@ class Live:
         """Drop the client's connection at once (a shutdown whose grace ran out)."""
         if self.record.code is None:
             self.record.reason = "dropped: the server's shutdown grace ran out"
-        if isinstance(self.transport, asyncio.Transport):
+        if self.transport is not None:
             self.transport.abort()
 
     async def run(self, work: Awaitable[Outcome]) -> Outcome:
