@@ -6,14 +6,14 @@ observer holds a VNC connection and its buffers. Read-only rights are enough
 to attach, and 300 observers that never read took a replica past its
 512 MiB limit. So each observer takes a slot before its upgrade, refused
 when its console or display already has `maxObserversPerConsole` observers
-or the replica `maxObservers`, and gives it back when its session ends.
+or the replica `maxObservers`, and gives it back when its backend (its feed,
+its display connection) is closed, which every session's end does.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Hashable
-from types import TracebackType
 
 __all__ = ["Observers", "Slot", "TooManyObservers"]
 
@@ -23,7 +23,7 @@ class TooManyObservers(Exception):
 
 
 class Slot:
-    """One observer's place, held until `release` (or the end of a `with`)."""
+    """One observer's place, held until `release`."""
 
     __slots__ = ("_key", "_observers")
 
@@ -36,17 +36,6 @@ class Slot:
         if self._observers is not None:
             self._observers._release(self._key)
             self._observers = None
-
-    def __enter__(self) -> Slot:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.release()
 
 
 class Observers:
