@@ -7,9 +7,10 @@ console is (`streaming`): one per machine, a new one takes over, unless it
 asks `?preserveSession=true`, which is refused with 409 while another is
 live. The display's owner (`sessions.members`) holds the viewer's slot and
 dials; when that is another replica, this one relays to it (`sessions.peer`).
-`vnc-observe` is a view-only viewer: any number, its input dropped,
-authorized as its own subresource, untouched by takeovers and not counted by
-`preserveSession`.
+`vnc-observe` is a view-only viewer: its input dropped, authorized as its
+own subresource, untouched by takeovers and not counted by
+`preserveSession`; counted as an observer (`sessions.sharing.watching`: 429
+past `session.maxObserversPerConsole` per display or `session.maxObservers`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from subres.engine.stream import ByteStream
 from subres.server import handshake, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
-from subres.sessions import peer, session
+from subres.sessions import peer, session, sharing
 from subres.sessions.target import key
-from subres.sessions.viewer import GuardedDisplay
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
@@ -58,8 +58,7 @@ async def _view(
     else:
         if preserve and state.sessions.active(key(target)):
             raise session.busy(target)  # without dialing; `session.hold` decides for certain
-        display = await subresource.connect(state, target, url)
-        backend = GuardedDisplay(display, view_only=view_only)
+        backend = await sharing.display(state, target, view_only=view_only)
     return await streaming.serve(
         state,
         request,

@@ -38,14 +38,13 @@ from subres.backends.peer import PeerRefused, PeerStream
 from subres.engine.pump import Traffic, pump
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.protocol import relay
+from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
-from subres.sessions import recordings, sharing, usbslots
+from subres.sessions import recorded, recordings, sharing, usbslots
 from subres.sessions.registry import Busy, Claim, SessionKey
 from subres.sessions.runtime import Runtime, Who
 from subres.sessions.session import OBSERVER, REDIRECTOR, VIEWER, WRITER, busy
 from subres.sessions.target import Target, endpoint_url, key
-from subres.sessions.viewer import GuardedDisplay
 
 __all__ = [
     "NOT_OWNER",
@@ -65,6 +64,8 @@ log = logging.getLogger(__name__)
 
 NOT_OWNER = 421
 """The owner's answer when it does not think it owns the unit."""
+MAX_TAIL = (1 << 31) - 1
+"""The most lines a peer session may replay (what a front lets a client ask)."""
 MODES = {"console": (WRITER, OBSERVER), "vnc": (VIEWER, OBSERVER), "usbredir": (REDIRECTOR,)}
 """The subresources served by their unit's owner, and their modes."""
 
@@ -129,8 +130,9 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
     if mode not in MODES.get(unit.subresource, ()):
         raise StatusError(400, f"no {unit.subresource} session has the mode {mode!r}")
     tail = one.get("Subres-Tail")
-    if tail is not None and not (tail.isascii() and tail.isdigit()):
-        raise StatusError(400, f"Subres-Tail must be a number, not {tail!r}")
+    lines = digits.value(tail, cap=MAX_TAIL) if tail is not None and digits.plain(tail) else -1
+    if tail is not None and not 0 <= lines <= MAX_TAIL:
+        raise StatusError(400, f"Subres-Tail must be a number of lines, not {tail[:64]!r}")
     who = Who(
         user=one.get("Subres-User", ""),
         groups=tuple(groups),
@@ -143,7 +145,7 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
         who,
         front=one.get("Subres-Front", ""),
         preserve=one.get("Subres-Preserve") == "true",
-        tail=int(tail) if tail is not None else None,
+        tail=lines if tail is not None else None,
     )
 
 
@@ -231,8 +233,7 @@ async def _backend(state: Runtime, target: Target, ask: Ask) -> ByteStream:
         if ask.mode == OBSERVER:
             return sharing.observe(state, target, tail=ask.tail)
         return await sharing.write(state, target, endpoint_url(target), tail=ask.tail)
-    backend = await state.backends.connect(target, endpoint_url(target))
-    return GuardedDisplay(backend, view_only=ask.mode == OBSERVER)
+    return await sharing.display(state, target, view_only=ask.mode == OBSERVER)
 
 
 def release(state: Runtime, prepared: Prepared) -> None:
@@ -248,7 +249,7 @@ async def serve(state: Runtime, prepared: Prepared, carrier: Carrier) -> None:
     session = _PeerSession(client)
     who = f"{prepared.ask.who.user} ({prepared.ask.mode}, via {prepared.ask.front})"
     hub = state.sessions.hubs.get(prepared.ask.unit)
-    recorded = hub is not None and state.recordings.wanted(
+    recording = hub is not None and state.recordings.wanted(
         prepared.target.spec, prepared.target.obj
     )
     state.sessions.start(claim, session)
@@ -256,12 +257,12 @@ async def serve(state: Runtime, prepared: Prepared, carrier: Carrier) -> None:
     if callable(attached):
         attached(lambda code, reason: state.sessions.close_later(session, code, reason))
     try:
-        if recorded and hub is not None:
+        if recording and hub is not None:
             target = prepared.target
             state.recordings.joined(
                 hub,
-                namespace=target.namespace,
-                name=target.name,
+                where=recorded.folder(target),
+                audit=target.spec.record == "always",
                 title=recordings.title(target),
                 who=who,
                 unit=target.spec.unit,
@@ -274,7 +275,7 @@ async def serve(state: Runtime, prepared: Prepared, carrier: Carrier) -> None:
         state.sessions.end(claim, session)
         if claim is not None:
             state.sessions.release(claim)
-        if recorded and hub is not None:
+        if recording and hub is not None:
             state.recordings.left(hub, who=who)
         await prepared.backend.close()
         await client.close()

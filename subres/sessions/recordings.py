@@ -1,4 +1,4 @@
-"""Recorded console sessions: asciicast files in one directory, capped and rotated.
+"""Recorded console sessions: asciicast files per object, capped per namespace, kept for audit.
 
 A console is recorded when `consoles.recordings.directory` is set and its
 parent opts in (`console.record: always`, or `annotated` and the
@@ -10,81 +10,127 @@ a takeover shows as who came and who went). Input is not recorded: it holds
 what people type, passwords included, and the output shows its echo.
 Everyone recorded is told so (`BANNER`, first on their stdout).
 
-Files are `DIR/NAMESPACE/NAME/STAMP-ID.cast` (`STAMP-CONSOLE-ID.cast` for a
-machine's console other than its default one); one larger than
-`maxFileBytes` goes on in `…-ID.2.cast` and so on. One task writes them all
-(in a worker thread, so a slow disk holds no session back); when all
-recordings together pass `maxTotalBytes`, the oldest finished files are
-deleted. Who may read them is RBAC's business: `recordinglist` serves them.
+Files live per object (`recordfiles`: namespace, resource, name, uid), one
+console of it per name (`STAMP-CONSOLE-ID` for a machine's console other
+than its default one); one larger than `maxFileBytes` goes on in a next
+part. One task writes them all in a worker thread, so a slow disk holds no
+session back. Space is shared
+fairly and no namespace can take another's:
+
+- each namespace's recordings together stay under `maxNamespaceBytes`:
+  past `LOW_WATER` of it, that namespace's own oldest finished recordings
+  are deleted, never another namespace's; at the cap its output is dropped
+  (a marker counts it) and its recorded consoles refuse new sessions (503);
+- recordings of consoles recorded `always` are an audit: only `maxAge`
+  deletes them (every finished recording older than it goes), never the
+  need for room;
+- `maxTotalBytes` bounds the directory as a whole and deletes nothing:
+  past it nothing more is recorded until space frees.
+
+Who may read them is RBAC's business: `server.recordinglist` serves them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from subres.config import ConsolesSpec, SubresourceSpec
 from subres.sessions.hub import Hub
 from subres.sessions.recorder import Recorder
+from subres.sessions.recordfiles import AUDIT, Folder, RecordingFile, Store
 from subres.sessions.target import Target
 
-__all__ = ["BANNER", "FILE_NAME", "Recordings", "title"]
+__all__ = ["BANNER", "LOW_WATER", "Recordings", "doomed", "title"]
 
 log = logging.getLogger(__name__)
 
 BANNER = b"\r\n[subres: this console session is recorded]\r\n"
-FILE_NAME = re.compile(
-    r"\A\d{8}T\d{6}Z-(?:[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?-)?[0-9a-f]{8}(\.\d+)?\.cast\Z"
-)
-"""What a recording's file name looks like (`STAMP-[CONSOLE-]ID.cast`, the console named when
-it is not the machine's default one); nothing else is ever opened."""
 FLUSH_INTERVAL = 0.5
 """Seconds recorded output may wait in memory before it is written."""
 PRUNE_INTERVAL = 60.0
-"""Seconds between checks of the total size while recordings only grow."""
+"""Seconds between scans of the directory (ages, sizes, other replicas' files)."""
+LOW_WATER = 0.9
+"""Share of a namespace's cap past which its oldest deletable recordings go."""
+QUIET = 30.0
+"""Seconds a file must have been left unwritten before it may be deleted (another
+replica, sharing the directory, may still be writing it)."""
+
+Usage = collections.Counter[str]
 
 
 class Recordings:
-    """Every recording of this replica, and the task that writes them."""
+    """Every recording of this replica, the task that writes them, and the space they take."""
 
-    def __init__(self, spec: ConsolesSpec) -> None:
+    def __init__(self, spec: ConsolesSpec, *, clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
-        self.directory = Path(spec.recordings) if spec.recordings else None
-        self._recorders: list[Recorder] = []
+        self.store = Store(Path(spec.recordings)) if spec.recordings else None
+        self._clock = clock
+        self._recorders: dict[Recorder, Folder] = {}
+        self._usage: Usage = collections.Counter()
+        """Bytes per namespace: on disk at the last scan, and kept since."""
+        self._full: set[str] = set()
+        """Namespaces with no room: at their cap, or with audits alone past `LOW_WATER` (no
+        deletion can make room there)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._scanned = 0.0
+        self._crowded = False
+        self._legacy_checked = False
         self._stopping = False
-        self._pruned = 0.0
 
     def wanted(self, spec: SubresourceSpec, obj: Mapping[str, Any]) -> bool:
         """Whether sessions of this console are recorded."""
-        return self.directory is not None and spec.opted_in(
+        return self.store is not None and spec.opted_in(
             spec.record, obj, self.spec.record_annotation
         )
 
+    def full(self, namespace: str) -> str:
+        """Why a recording in `namespace` cannot be kept now ("" when it can)."""
+        if namespace in self._full:
+            return (
+                f"the recordings of namespace {namespace} fill their "
+                f"{_amount(self.spec.max_namespace_bytes)} (consoles.recordings.maxNamespaceBytes)"
+            )
+        if self._usage.total() >= self.spec.max_recordings_bytes:
+            return (
+                f"the recordings fill their {_amount(self.spec.max_recordings_bytes)} "
+                "(consoles.recordings.maxTotalBytes)"
+            )
+        return ""
+
     def joined(
-        self, hub: Hub, *, namespace: str, name: str, title: str, who: str, unit: str = ""
+        self,
+        hub: Hub,
+        *,
+        where: Folder,
+        audit: bool,
+        title: str,
+        who: str,
+        unit: str = "",
     ) -> None:
         """A session attached to a recorded console (`unit`: which of the machine's, when it
         is not the default one); its recording starts if it is the first."""
         recorder = _recorder(hub)
         if recorder is None:
-            assert self.directory is not None
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
             console = f"{unit}-" if unit else ""
-            file = f"{stamp}-{console}{secrets.token_hex(4)}.cast"
-            path = self.directory / namespace / name / file
+            name = f"{stamp}-{console}{secrets.token_hex(4)}{AUDIT if audit else ''}.cast"
             recorder = Recorder(
-                path, title=title, max_file=self.spec.max_recording_bytes, size=hub.size
+                Path(name),
+                title=title,
+                max_file=self.spec.max_recording_bytes,
+                size=hub.size,
+                quota=self._quota(where.namespace),
             )
             hub.add_sink(recorder)
-            self._recorders.append(recorder)
+            self._recorders[recorder] = where
             self._start()
             if hub.scrollback is not None:
                 # What a kept console replays to the first to attach is part of what they saw.
@@ -107,6 +153,23 @@ class Recordings:
             hub.remove_sink(recorder)
             self._wake.set()
 
+    def _quota(self, namespace: str) -> Callable[[int], str]:
+        """Whether a line of so many bytes may be kept for `namespace` (counting it if so)."""
+
+        def admit(size: int) -> str:
+            if self._usage[namespace] + size > self.spec.max_namespace_bytes * LOW_WATER:
+                self._crowded = True  # the writer deletes what it may
+                self._wake.set()
+            if self._usage[namespace] + size > self.spec.max_namespace_bytes:
+                self._full.add(namespace)
+                return f"the recordings of namespace {namespace} are full"
+            if self._usage.total() + size > self.spec.max_recordings_bytes:
+                return "the recordings directory is full"
+            self._usage[namespace] += size
+            return ""
+
+        return admit
+
     def _start(self) -> None:
         if self._task is None:
             self._stopping = False
@@ -115,16 +178,16 @@ class Recordings:
     async def stop(self) -> None:
         """Write what is left, then stop.
 
-        The writer is asked to finish, not cancelled: a cancelled writer would
-        leave its last flush running in its thread after `stop` returned.
+        A write in progress is finished, not cancelled: a cancelled worker thread
+        would go on writing after the last lines, out of order.
         """
         if self._task is None:
             return
         self._stopping = True
         self._wake.set()
-        await self._task
-        self._task = None
-        await asyncio.to_thread(self._flush, self._jobs(), prune=self.directory is not None)
+        await asyncio.wait([self._task])
+        self._task, self._stopping = None, False
+        self._took(await asyncio.to_thread(self._flush, self._jobs(), busy=set(), prune=True))
 
     async def _write(self) -> None:
         while not self._stopping:
@@ -134,54 +197,95 @@ class Recordings:
             except TimeoutError:
                 pass
             self._wake.clear()
-            parts = [r.path for r in self._recorders]
             jobs = self._jobs()
-            # A finished file (a recording ended, or a part filled up) may put the total over.
-            finished = [r.path for r in self._recorders] != parts
-            due = time.monotonic() - self._pruned > PRUNE_INTERVAL
-            if finished or due:
-                self._pruned = time.monotonic()
-            await asyncio.to_thread(self._flush, jobs, prune=finished or due)
+            due = self._crowded or time.monotonic() - self._scanned > PRUNE_INTERVAL
+            busy = {(where, recorder.path.name) for recorder, where in self._recorders.items()}
+            if due:
+                self._crowded, self._scanned = False, time.monotonic()
+            self._took(await asyncio.to_thread(self._flush, jobs, busy=busy, prune=due))
 
-    def _jobs(self) -> list[tuple[Path, bytes]]:
-        jobs = [job for recorder in self._recorders for job in recorder.drain()]
-        self._recorders = [r for r in self._recorders if not r.closed]
+    def _took(self, scanned: tuple[Usage, Usage] | None) -> None:
+        """What the disk held after a scan and the deletions it allowed: all, and audits."""
+        if scanned is None:
+            return
+        self._usage, audits = scanned
+        cap = self.spec.max_namespace_bytes
+        self._full = {ns for ns, size in self._usage.items() if size >= cap}
+        self._full |= {ns for ns, size in audits.items() if size >= cap * LOW_WATER}
+
+    def _jobs(self) -> list[tuple[Folder, str, bytes]]:
+        jobs = [
+            (where, path.name, data)
+            for recorder, where in self._recorders.items()
+            for path, data in recorder.drain()
+        ]
+        self._recorders = {r: w for r, w in self._recorders.items() if not r.closed}
         return jobs
 
-    def _flush(self, jobs: list[tuple[Path, bytes]], *, prune: bool = False) -> None:
-        """Append to the files (a worker thread); then delete the oldest past the cap."""
-        for path, data in jobs:
+    def _flush(
+        self, jobs: list[tuple[Folder, str, bytes]], *, busy: set[tuple[Folder, str]], prune: bool
+    ) -> tuple[Usage, Usage] | None:
+        """Append to the files (a worker thread); then, when asked, delete what must go and
+        count what stays: all, and audits."""
+        assert self.store is not None
+        for where, name, data in jobs:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with path.open("ab") as file:
-                    file.write(data)
+                self.store.append(where, name, data)
             except OSError as exc:
-                log.error("recording %s: %s", path, exc)
-        if prune:
-            self._prune(open_files={r.path for r in self._recorders})
+                log.error("recording %s/%s: %s", "/".join(where.parts), name, exc)
+        if not prune:
+            return None
+        files = self.store.scan()
+        if not self._legacy_checked and (legacy := self.store.legacy()):
+            log.warning(
+                "%d recordings in the first layout (DIR/NAMESPACE/NAME) are not served: "
+                "nothing says which kind of object they belong to",
+                legacy,
+            )
+        self._legacy_checked = True
+        for file in doomed(files, spec=self.spec, now=self._clock(), busy=busy):
+            try:
+                self.store.delete(file)
+                files.remove(file)
+                log.info("deleted recording %s/%s", "/".join(file.folder.parts), file.name)
+            except OSError as exc:
+                log.error("cannot delete recording %s: %s", file.name, exc)
+        usage: Usage = collections.Counter()
+        audits: Usage = collections.Counter()
+        for file in files:
+            usage[file.folder.namespace] += file.size
+            if file.audit:
+                audits[file.folder.namespace] += file.size
+        return usage, audits
 
-    def _prune(self, *, open_files: set[Path]) -> None:
-        assert self.directory is not None
-        files = []
-        for path in self.directory.glob("*/*/*.cast"):
-            try:
-                info = path.stat()
-            except OSError:
-                continue
-            files.append((info.st_mtime, info.st_size, path))
-        total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
-            if total <= self.spec.max_recordings_bytes:
-                break
-            if path in open_files:
-                continue
-            try:
-                path.unlink()
-            except OSError as exc:
-                log.error("cannot delete old recording %s: %s", path, exc)
-                continue
-            log.info("deleted old recording %s (recordings over their cap)", path)
-            total -= size
+
+def doomed(
+    files: list[RecordingFile], *, spec: ConsolesSpec, now: float, busy: set[tuple[Folder, str]]
+) -> list[RecordingFile]:
+    """The files to delete: any past `maxAge`; and in each namespace past `LOW_WATER` of its
+    cap, its oldest that are not an audit, until it is under again. Files being written (here,
+    or lately by another replica) stay."""
+    idle = [f for f in files if (f.folder, f.name) not in busy and now - f.mtime > QUIET]
+    old = {id(f) for f in idle if spec.max_age and now - f.mtime > spec.max_age}
+    doomed = [f for f in idle if id(f) in old]
+    sizes: Usage = collections.Counter()
+    for file in files:
+        if id(file) not in old:
+            sizes[file.folder.namespace] += file.size
+    limit = spec.max_namespace_bytes * LOW_WATER
+    for file in sorted(idle, key=lambda f: f.mtime):
+        namespace = file.folder.namespace
+        if id(file) not in old and not file.audit and sizes[namespace] > limit:
+            doomed.append(file)
+            sizes[namespace] -= file.size
+    return doomed
+
+
+def _amount(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} bytes"
 
 
 def title(target: Target) -> str:

@@ -44,7 +44,7 @@ from typing import Any
 
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
-from subres.sessions import events, recordings
+from subres.sessions import events, recorded, recordings
 from subres.sessions.registry import Busy, Claim, Closable
 from subres.sessions.runtime import Runtime, Who
 from subres.sessions.target import Target, key
@@ -197,8 +197,8 @@ class Live:
             return
         self.state.recordings.joined(
             hub,
-            namespace=target.namespace,
-            name=target.name,
+            where=recorded.folder(target),
+            audit=target.spec.record == "always",
             title=recordings.title(target),
             who=f"{self.record.user} ({self.record.mode})",
             unit=target.spec.unit,

@@ -29,25 +29,14 @@ from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
 from subres.protocol.spdy.headers import HeaderDecoder, HeaderEncoder
 from subres.protocol.spdy.limits import Limits as SpdyLimits
+from tests.fuzz import hostile
+from tests.fuzz.support import Provider, chunks
 
 __all__ = ["TARGETS"]
-
-Provider = Any
-"""`atheris.FuzzedDataProvider` (untyped)."""
 
 SPDY_LIMITS = SpdyLimits()
 RFB_LIMITS = rfb.Limits(max_pixels=64 * 64, max_text=4096, max_messages=64)
 """Small enough that a framebuffer costs the fuzzer nothing; the bounds are the point."""
-
-
-def _chunks(fdp: Provider, data: bytes) -> list[bytes]:
-    """`data` cut where the fuzzer says: a peer may send any split."""
-    pieces, pos = [], 0
-    while pos < len(data):
-        size = fdp.ConsumeIntInRange(1, max(1, len(data) - pos))
-        pieces.append(data[pos : pos + size])
-        pos += size
-    return pieces
 
 
 # -- SPDY ---------------------------------------------------------------------------------
@@ -100,7 +89,7 @@ def spdy(data: bytes) -> None:
         _forged_frame(fdp, encoder) if fdp.ConsumeBool() else fdp.ConsumeBytes(50)
         for _ in range(fdp.ConsumeIntInRange(0, 12))
     )
-    for chunk in _chunks(fdp, stream):
+    for chunk in chunks(fdp, stream):
         connection.receive_data(chunk)  # peer faults become events, never exceptions
         assert connection._parser.buffered <= SPDY_LIMITS.max_control_frame_length + 8
         if fdp.ConsumeBool():
@@ -223,7 +212,7 @@ def rfb_client(data: bytes) -> None:
         stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
     stream += fdp.ConsumeBytes(fdp.remaining_bytes())
     try:
-        for chunk in _chunks(fdp, stream) if stream else []:
+        for chunk in chunks(fdp, stream) if stream else []:
             for event in client.receive_data(chunk):
                 if isinstance(event, rfb.FramebufferCaptured):
                     assert event.width * event.height <= RFB_LIMITS.max_pixels
@@ -354,7 +343,7 @@ def console_log(data: bytes) -> None:
     if not options.timestamps and options.limit_bytes is None:
         assert text.endswith(out)
     stamper = consolelog.Stamper(options, sent=len(out))
-    followed = b"".join(stamper.feed(chunk, 0) for chunk in _chunks(fdp, text))
+    followed = b"".join(stamper.feed(chunk, 0) for chunk in chunks(fdp, text))
     if options.limit_bytes is not None:
         assert len(out) + len(followed) <= max(options.limit_bytes, len(out))
     elif not options.timestamps:
@@ -370,5 +359,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "endpoints": endpoints,
     "config": config_loader,
     "console-log": console_log,
+    **hostile.TARGETS,
 }
 """Every target by the name `python -m tests.fuzz` takes."""
