@@ -73,6 +73,10 @@ runtimes' sockets)."""
 
 OPT_IN = ("never", "annotated", "always")
 """How a console opts in to being kept or recorded."""
+RECORD = (*OPT_IN, "required")
+"""How a console or display opts in to being recorded: `required` is `always`, and no
+session without its recording (fail closed)."""
+RECORDED = ("console", "vnc")
 
 
 class ConfigError(ValueError):
@@ -142,8 +146,10 @@ class SubresourceSpec:
     """console: keep its backend connection open while nobody is attached: `never`,
     `always`, or `annotated` (when the parent carries `consoles.keepAnnotation: "true"`)."""
     record: str = "annotated"
-    """console: record sessions (when `consoles.recordings.directory` is set): `never`,
-    `always`, or `annotated` (`consoles.recordAnnotation: "true"`)."""
+    """console and vnc: record sessions (when `consoles.recordings.directory` is set):
+    `never`, `always`, `required` (always, and a session whose recording cannot be
+    written is refused or ended), or `annotated` (`consoles.recordAnnotation` for a
+    console, `consoles.recordDisplayAnnotation` for a display, "true")."""
 
     def opted_in(self, mode: str, obj: Mapping[str, Any], annotation: str) -> bool:
         """Whether `obj` opts in under `mode` (this spec's `keep` or `record`)."""
@@ -246,6 +252,8 @@ class ConsolesSpec:
     """Annotation that opts a parent in to a kept console (value "true")."""
     record_annotation: str = "subres.dev/record-console"
     """Annotation that opts a parent in to recorded console sessions (value "true")."""
+    record_display_annotation: str = "subres.dev/record-display"
+    """Annotation that opts a parent in to recorded display (vnc) sessions (value "true")."""
     scrollback: int = 64 * 1024
     """Bytes of output a kept console keeps for whoever attaches next."""
     max_kept: int = 1000
@@ -443,9 +451,12 @@ def _instance(data: Any, what: str) -> InstanceSpec:
 def _subresource(name: str, data: Any) -> SubresourceSpec:
     keys = {"endpoint", "address", "ports", "require", "ssh", "nodeLocal", "keep", "record"}
     doc = _mapping(data, name, keys)
-    for key in ("keep", "record"):
-        if key in doc and (name != "console" or doc[key] not in OPT_IN):
-            raise ConfigError(f"{name}.{key}: only console has it, one of {', '.join(OPT_IN)}")
+    if "keep" in doc and (name != "console" or doc["keep"] not in OPT_IN):
+        raise ConfigError(f"{name}.keep: only console has it, one of {', '.join(OPT_IN)}")
+    if "record" in doc and (name not in RECORDED or doc["record"] not in RECORD):
+        raise ConfigError(
+            f"{name}.record: only console and vnc have it, one of {', '.join(RECORD)}"
+        )
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
@@ -625,7 +636,14 @@ def _session(data: Any) -> SessionSpec:
 
 
 def _consoles(data: Any) -> ConsolesSpec:
-    keys = {"keepAnnotation", "recordAnnotation", "scrollback", "maxKept", "recordings"}
+    keys = {
+        "keepAnnotation",
+        "recordAnnotation",
+        "recordDisplayAnnotation",
+        "scrollback",
+        "maxKept",
+        "recordings",
+    }
     doc = _mapping(data, "consoles", keys)
     files = _mapping(
         doc.get("recordings", {}),
@@ -641,6 +659,10 @@ def _consoles(data: Any) -> ConsolesSpec:
         keep_annotation=_str(doc.get("keepAnnotation", d.keep_annotation), "keepAnnotation"),
         record_annotation=_str(
             doc.get("recordAnnotation", d.record_annotation), "recordAnnotation"
+        ),
+        record_display_annotation=_str(
+            doc.get("recordDisplayAnnotation", d.record_display_annotation),
+            "recordDisplayAnnotation",
         ),
         scrollback=size(doc.get("scrollback", d.scrollback), "scrollback"),
         max_kept=size(doc.get("maxKept", d.max_kept), "maxKept"),

@@ -70,6 +70,8 @@ class CloseCode:
     TAKEN_OVER = 4001
     FELL_BEHIND = 4002
     """An observer that read the console too slowly was cut off."""
+    RECORDING_FAILED = 4003
+    """The session's required recording stopped being writable (`record: required`)."""
 
 
 async def close_websocket(ws: web.WebSocketResponse, code: int, reason: str) -> None:

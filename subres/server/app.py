@@ -124,6 +124,7 @@ def build(state: State) -> web.Application:
     keeper = app[KEEPER] = Keeper(state)
 
     async def on_startup(_: web.Application) -> None:
+        await state.recordings.start()
         await keeper.start()
 
     async def on_shutdown(_: web.Application) -> None:

@@ -67,7 +67,9 @@ async def serve(
 ) -> web.StreamResponse:
     """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`."""
     try:
-        async with session.hold(state, request, target=target, exclusive=exclusive) as claim:
+        async with session.hold(
+            state, request, target=target, exclusive=exclusive, mode=mode
+        ) as held:
             response, socket = await upgrade.upgrade(
                 request, httpstream.switching_headers(protocol)
             )
@@ -83,7 +85,7 @@ async def serve(
                     target=target,
                     dialect=f"spdy/{protocol}",
                     client=client,
-                    claim=claim,
+                    held=held,
                     mode=mode,
                     backend=backend,
                 ) as live,

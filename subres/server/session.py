@@ -1,20 +1,21 @@
 """The one lifecycle of every streaming session, whatever its subresource and dialect.
 
 Every handler runs its live part inside `live(...)`, after the upgrade; a
-session with an exclusive slot (console, vnc) takes it with `hold(...)`
-first, before the upgrade:
+console or vnc session first enters `hold(...)`, before the upgrade:
 
-    async with session.hold(state, request, target=..., exclusive=True) as claim:
+    async with session.hold(state, request, target=..., exclusive=True, mode=...) as held:
         ...upgrade...
         async with session.live(state, request, target=..., dialect=..., client=...,
-                                claim=claim) as s:
+                                held=held) as s:
             await s.run(pump(client, backend, s.record.traffic))
 
-Holding takes the slot over from its predecessor, which is closed with 4001
-naming the new user, here or (cluster mode, through session Leases) on
-another replica. It comes before the upgrade because it can fail (409 for
-`preserveSession`, 503 when the replicas cannot be coordinated), and the
-client must get that as a `Status`; leaving it gives the slot up. Entering
+Holding takes an exclusive slot over from its predecessor, which is closed
+with 4001 naming the new user, here or (cluster mode, through session
+Leases) on another replica, and joins the console's or display's recording
+when it is recorded (starting it for the first session). It comes before
+the upgrade because both can fail (409 for `preserveSession`, 503 when the
+replicas cannot be coordinated or a required recording cannot start), and
+the client must get that as a `Status`; leaving it gives both up. Entering
 `live` registers the session and counts it; `run` awaits the work and keeps
 its outcome, or that the client's connection was lost (aiohttp then cancels
 the handler, and the work stops both directions as it unwinds); leaving
@@ -38,6 +39,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -48,6 +50,8 @@ from subres.server.middleware import USER
 from subres.server.state import State
 from subres.server.subresource import Target
 from subres.sessions import events, recordings
+from subres.sessions.recorder import Recorder
+from subres.sessions.recordings import Recording, RecordingUnavailable, Seat
 from subres.sessions.registry import Busy, Claim, Closable, SessionKey
 
 __all__ = [
@@ -147,7 +151,7 @@ class Live:
         record: Record,
         client: Closable,
         *,
-        claim: Claim | None,
+        held: Hold | None,
         transport: asyncio.BaseTransport | None,
         target: Target,
         backend: object = None,
@@ -155,7 +159,8 @@ class Live:
         self.state = state
         self.record = record
         self.client = client
-        self.claim = claim
+        self.claim = held.claim if held is not None else None
+        self.seat = held.seat if held is not None else None
         self.transport = transport
         self.target = target
         """The parent as it was when the session started (Events name it)."""
@@ -172,26 +177,17 @@ class Live:
         attached = getattr(self.backend, "attached", None)
         if callable(attached):
             attached(self._close_later)
-        self._record_console()
+        if self.seat is not None:
+            self._recorded(self.seat)
         fields = self.record.fields()
         self.state.audit.started(fields)
         self._event(events.opened(fields))
         return self
 
-    def _record_console(self) -> None:
-        """Join the console's recording when it is recorded, and tell the client so."""
-        target = self.target
-        hub = self.state.sessions.hubs.get(key(target))
-        if hub is None or not self.state.recordings.wanted(target.spec, target.obj):
-            return
-        self.state.recordings.joined(
-            hub,
-            namespace=target.namespace,
-            name=target.name,
-            title=f"{target.describe()} console",
-            who=f"{self.record.user} ({self.record.mode})",
-        )
+    def _recorded(self, seat: Seat) -> None:
+        """Tell the client it is recorded; a required recording that fails closes it."""
         self.record.recorded = True
+        seat.bind(self._close_later)
         announce = getattr(self.backend, "announce", None)
         if callable(announce):
             announce(recordings.BANNER)
@@ -208,10 +204,6 @@ class Live:
         self.state.sessions.end(self.claim, self)
         _finish(self.record, self.client)
         _report(self.state, self.record)
-        if self.record.recorded:
-            hub = self.state.sessions.hubs.get(key(self.target))
-            if hub is not None:
-                self.state.recordings.left(hub, who=f"{self.record.user} ({self.record.mode})")
         fields = self.record.fields()
         self.state.audit.ended(fields)
         self._event(events.closed(fields))
@@ -246,41 +238,94 @@ class Live:
 
 
 class Hold:
-    """A session's exclusive slot, from before its upgrade to its end; `hold()` builds it.
+    """A session's exclusive slot and its place in the recording, from before its
+    upgrade to its end; `hold()` builds it.
 
-    Entering claims the slot (a `Claim`; None for a session without one),
-    leaving releases it.
+    Entering claims the slot (`claim`; None for a session without one) and
+    joins the recording (`seat`; None when not recorded); leaving gives both up.
     """
 
-    def __init__(self, state: State, request: web.Request, target: Target, *, preserve: bool):
+    def __init__(
+        self,
+        state: State,
+        request: web.Request,
+        target: Target,
+        *,
+        exclusive: bool,
+        preserve: bool,
+        mode: str,
+    ) -> None:
         self.state = state
         self.request = request
         self.target = target
+        self.exclusive = exclusive
         self.preserve = preserve
+        self.mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
         self.claim: Claim | None = None
+        self.seat: Seat | None = None
 
-    async def __aenter__(self) -> Claim:
+    async def __aenter__(self) -> Hold:
+        if self.exclusive:
+            try:
+                self.claim = await self.state.sessions.claim(
+                    key(self.target), user=self.request[USER].name, preserve=self.preserve
+                )
+            except Busy:
+                raise busy(self.target) from None
         try:
-            self.claim = await self.state.sessions.claim(
-                key(self.target), user=self.request[USER].name, preserve=self.preserve
+            self.seat = await self._join()
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    async def _join(self) -> Seat | None:
+        """Join the recording when the console or display is recorded (503 if required and
+        it cannot start)."""
+        target, recordings = self.target, self.state.recordings
+        if not recordings.wanted(target.spec, target.obj):
+            return None
+        user = self.request[USER].name
+        try:
+            seat = await recordings.join(
+                key(target),
+                start=self._start,
+                who=f"{user} ({self.mode})",
+                what=f"{target.describe()} {target.spec.name}",
+                required=target.spec.record == "required",
             )
-        except Busy:
-            raise busy(self.target) from None
-        return self.claim
+        except RecordingUnavailable as exc:
+            raise StatusError(503, str(exc)) from None
+        if seat is not None and self.claim is not None and self.claim.took_over:
+            recordings.marker(seat, f"{user} took over from {self.claim.took_over}")
+        return seat
+
+    async def _start(self, path: Path) -> Recording:
+        """A console's recording: a sink of its hub (what a kept console replays first)."""
+        target = self.target
+        hub = self.state.sessions.hub(
+            key(target), feed_limit=self.state.config.session.observer_backlog
+        )
+        recorder = Recorder(
+            path,
+            title=f"{target.describe()} console",
+            max_file=self.state.config.consoles.max_recording_bytes,
+            size=hub.size,
+            on_close=hub.remove_sink,
+        )
+        hub.add_sink(recorder)
+        if hub.scrollback is not None:
+            recorder.output(hub.scrollback.tail())
+        return recorder
 
     async def __aexit__(self, *_: object) -> None:
+        if self.seat is not None:
+            self.seat.leave()
+        self._release()
+
+    def _release(self) -> None:
         if self.claim is not None:
             self.state.sessions.release(self.claim)
-
-
-class _NoHold:
-    """The slot of a session that has none."""
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *_: object) -> None:
-        return None
 
 
 def key(target: Target) -> SessionKey:
@@ -298,13 +343,20 @@ def busy(target: Target) -> StatusError:
 
 
 def hold(
-    state: State, request: web.Request, *, target: Target, exclusive: bool, preserve: bool = False
-) -> Hold | _NoHold:
-    """The session's exclusive slot, to enter before the upgrade (see the module docstring).
+    state: State,
+    request: web.Request,
+    *,
+    target: Target,
+    exclusive: bool,
+    preserve: bool = False,
+    mode: str = "",
+) -> Hold:
+    """The session's exclusive slot (when `exclusive`) and its place in the recording, to
+    enter before the upgrade (see the module docstring).
 
     With `preserve`, a slot another session holds is a 409 instead of a takeover.
     """
-    return Hold(state, request, target, preserve=preserve) if exclusive else _NoHold()
+    return Hold(state, request, target, exclusive=exclusive, preserve=preserve, mode=mode)
 
 
 def live(
@@ -314,7 +366,7 @@ def live(
     target: Target,
     dialect: str,
     client: Closable,
-    claim: Claim | None = None,
+    held: Hold | None = None,
     mode: str = "",
     backend: object = None,
 ) -> Live:
@@ -340,7 +392,7 @@ def live(
         state,
         record,
         client,
-        claim=claim,
+        held=held,
         transport=request.transport,
         target=target,
         backend=backend,

@@ -2,7 +2,7 @@
 
 Negotiation happens before the backend is dialed (a bad offer is a 400 that
 costs no connection); the upgrade happens only after the dial succeeded and
-the session holds its slot.
+the session holds its slot (and its place in a recording).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ async def serve(
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
         async with session.hold(
-            state, request, target=target, exclusive=exclusive, preserve=preserve
-        ) as claim:
+            state, request, target=target, exclusive=exclusive, preserve=preserve, mode=mode
+        ) as held:
             await ws.prepare(request)
             async with session.live(
                 state,
@@ -65,7 +65,7 @@ async def serve(
                 target=target,
                 dialect=dialect.name,
                 client=client,
-                claim=claim,
+                held=held,
                 mode=mode,
                 backend=backend,
             ) as live:

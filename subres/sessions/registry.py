@@ -84,6 +84,8 @@ class Claim:
     """The upgraded session, once `start` bound it."""
     lost: str | None = None
     """Why the slot was taken from this claim, once it was."""
+    took_over: str = ""
+    """Whose session this claim took the slot from, when it took one here."""
 
 
 class Shared(Protocol):
@@ -155,6 +157,7 @@ class Sessions:
             if claim.lost is None:  # another replica may have taken it already
                 self.exclusive[key] = claim
         if previous is not None:
+            claim.took_over = previous.user
             self.taken_over(previous, user)
         return claim
 
