@@ -235,7 +235,7 @@ class SessionSpec:
     """Largest framebuffer (width * height) captured; a capture holds 3 bytes a pixel."""
     screenshot_concurrency: int = 2
     """Screenshots captured at once; more wait for a slot. Peak memory is about this
-    many framebuffers (README: Screenshots)."""
+    many framebuffers (docs/performance.md: Screenshots)."""
     backend_write_timeout: float = 30.0
     """Seconds a write may wait on a backend that takes no byte before the session ends (1011)."""
     ssh_idle_timeout: float = 60.0

@@ -3,7 +3,7 @@
 Besides subres's own counters, the registry holds the process collector
 (`process_resident_memory_bytes`, `process_open_fds`, CPU seconds, …) and
 reads the hit and miss counts of the TokenReview and SubjectAccessReview
-caches when scraped. The README's metrics table lists every series.
+caches when scraped. docs/operating.md's metrics table lists every series.
 """
 
 from __future__ import annotations

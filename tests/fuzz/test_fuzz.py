@@ -1,7 +1,7 @@
 """A short slice of every fuzz target, as CI runs it: each must finish its runs with no finding.
 
 The long runs (10^6 inputs per target) are `python -m tests.fuzz TARGET
--runs=1000000`; the README records their figures.
+-runs=1000000`; docs/development.md records their figures.
 """
 
 from __future__ import annotations
