@@ -34,6 +34,7 @@ TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 SARS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 EVENTS = "/api/v1/namespaces/{namespace}/events"
+PODS = "/api/v1/namespaces/{namespace}/pods"
 
 Json = dict[str, Any]
 
@@ -63,6 +64,7 @@ class FakeApiServer:
     machines: Collection = field(default_factory=Collection)
     configmaps: Collection = field(default_factory=Collection)
     leases: Collection = field(default_factory=Collection)
+    pods: Collection = field(default_factory=Collection)
     lease_error: int = 0
     """When set, Lease writes answer this status."""
     configmap_error: int = 0
@@ -89,6 +91,12 @@ class FakeApiServer:
     def lease(self, namespace: str, name: str) -> Json | None:
         """The stored Lease, or None."""
         return self.leases.objects.get((namespace, name))
+
+    async def put_pod(self, obj: Json) -> None:
+        """Add or change a Pod."""
+        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        kind = "MODIFIED" if key in self.pods.objects else "ADDED"
+        await self._record(self.pods, kind, obj, key)
 
     async def put(self, obj: Json, *, configmap: bool = False) -> None:
         """Add or change an object (ADDED or MODIFIED)."""
@@ -185,10 +193,12 @@ class FakeApiServer:
         app.router.add_put(LEASES + "/{name}", self._replace_lease)
         app.router.add_delete(LEASES + "/{name}", self._delete_lease)
         app.router.add_post(EVENTS, self._event)
+        app.router.add_get(PODS, functools.partial(self._collection, coll=self.pods))
         return app
 
     async def _collection(self, request: web.Request, *, coll: Collection) -> Any:
-        name = {id(self.machines): "machines", id(self.leases): "leases"}.get(id(coll), "cm")
+        names = {id(self.machines): "machines", id(self.leases): "leases", id(self.pods): "pods"}
+        name = names.get(id(coll), "cm")
         if request.query.get("watch") in ("true", "1", "True"):
             return await self._watch(request, coll, name)
         await self._count(f"list:{name}")

@@ -19,8 +19,6 @@ import os
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web
-from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from subres.backends import direct
 from subres.backends import endpoint as endpoints
@@ -30,7 +28,7 @@ from subres.engine.stream import ByteStream
 from subres.engine.upgrade import UpgradedSocket, upgrade
 from subres.kube.status import StatusError
 from subres.protocol import relay
-from subres.serving.tls import peer_certificate
+from subres.serving.tls import replica_caller
 
 __all__ = ["Relay", "handle"]
 
@@ -79,20 +77,7 @@ async def handle(settings: Relay, request: web.Request) -> web.StreamResponse:
 
 def _caller(settings: Relay, request: web.Request) -> str:
     """The replica identity of the client certificate (401 otherwise)."""
-    cert = peer_certificate(request.transport)
-    if cert is None:
-        raise StatusError(401, "a relay request needs a client certificate")
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    name = str(names[0].value) if names else ""
-    try:
-        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except x509.ExtensionNotFound:
-        usages = x509.ExtendedKeyUsage([])
-    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
-        raise StatusError(401, f"certificate {name!r} is not a client certificate")
-    if name not in settings.allowed_names:
-        raise StatusError(401, f"certificate {name!r} is not an allowed replica identity")
-    return name
+    return replica_caller(request.transport, settings.allowed_names)
 
 
 def _transport(text: str) -> relay.Transport:

@@ -21,10 +21,10 @@ import json
 import logging
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import h11
@@ -40,7 +40,9 @@ __all__ = [
     "ClientTLS",
     "Directory",
     "RelayStream",
+    "Request",
     "StaticDirectory",
+    "open_relay",
     "parse_agent_url",
 ]
 
@@ -160,7 +162,13 @@ class Agents:
             context = self.tls.context()
         except (OSError, ValueError) as exc:
             raise AgentUnavailable(f"cannot load the agent client certificate: {exc}") from None
-        loop = asyncio.get_running_loop()
+        transport = relay.Transport.DATAGRAM if datagram else relay.Transport.STREAM
+        headers = [
+            (relay.ENDPOINT_HEADER, _wire_endpoint(target.endpoint, target.address)),
+            (relay.TRANSPORT_HEADER, transport.value),
+        ]
+        if purpose:
+            headers.append((relay.FOR_HEADER, purpose))
 
         def protocol() -> RelayStream:
             return RelayStream(
@@ -170,30 +178,64 @@ class Agents:
                 datagram=datagram,
             )
 
-        stream: RelayStream | None = None
         try:
-            async with asyncio.timeout(connect_timeout):
-                transport, stream = await loop.create_connection(
-                    protocol, host, port, ssl=context, server_hostname=self.tls.server_name
-                )
-                # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
-                transport.set_write_buffer_limits(high=4 * read_size)
-                await stream.handshake(target.endpoint, target.address, datagram, purpose)
+            return await open_relay(
+                protocol,
+                (host, port),
+                context=context,
+                server_name=self.tls.server_name,
+                connect_timeout=connect_timeout,
+                request=Request(relay.PATH, relay.UPGRADE, "subres-agent", headers),
+            )
         except TimeoutError:
-            await _discard(stream)
             raise AgentUnavailable(f"{where} did not answer within {connect_timeout:g}s") from None
         except AgentRefused as exc:
-            await _discard(stream)
             raise AgentRefused(f'subres agent of node "{node}": {exc}', exc.code) from None
         except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
-            await _discard(stream)
             raise AgentUnavailable(f"{where} is unreachable: {exc}") from None
-        return stream
 
 
-async def _discard(stream: RelayStream | None) -> None:
-    if stream is not None:
-        await stream.close()
+_S = TypeVar("_S", bound="RelayStream")
+
+
+@dataclass(frozen=True)
+class Request:
+    """The upgrade request that opens a relay."""
+
+    path: str
+    upgrade: str
+    host: str
+    headers: list[tuple[str, str]]
+
+
+async def open_relay(
+    protocol: Callable[[], _S],
+    address: tuple[str, int],
+    *,
+    context: ssl.SSLContext,
+    server_name: str,
+    connect_timeout: float,
+    request: Request,
+) -> _S:
+    """Connect over TLS, send `request` and return the stream after its 101, in time.
+
+    Raises `TimeoutError`, the connection's errors, or the stream's refusal.
+    """
+    loop = asyncio.get_running_loop()
+    stream: _S | None = None
+    try:
+        async with asyncio.timeout(connect_timeout):
+            transport, stream = await loop.create_connection(
+                protocol, *address, ssl=context, server_hostname=server_name
+            )
+            # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
+            transport.set_write_buffer_limits(high=stream.high_water)
+            await stream.handshake(request)
+    except BaseException:
+        if stream is not None:
+            await stream.close()
+        raise
+    return stream
 
 
 def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
@@ -210,39 +252,54 @@ class RelayStream(SocketStream):
     frames, whose payloads take `SocketStream`'s queue and flow control.
     """
 
-    __slots__ = ("_answer", "_body", "_decoder", "_failure", "_http", "_lost_reason", "_status")
+    __slots__ = (
+        "_answer",
+        "_body",
+        "_decoder",
+        "_failure",
+        "_http",
+        "_lost_reason",
+        "_status",
+        "answer_headers",
+        "high_water",
+    )
 
-    def __init__(self, *, high_water: int, write_timeout: float, lost: str, datagram: bool) -> None:
+    def __init__(
+        self,
+        *,
+        high_water: int,
+        write_timeout: float,
+        lost: str,
+        datagram: bool = False,
+        peer: bool = False,
+    ) -> None:
         super().__init__(high_water=high_water, write_timeout=write_timeout)
+        self.high_water = high_water
+        self.answer_headers: dict[str, str] = {}
+        """The headers of the 101, lower-cased."""
         self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
         self._answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A refusal that arrives after the dial timed out is nobody's to raise: mark it seen.
         self._answer.add_done_callback(_retrieve)
         self._status = 0
         self._body = bytearray()
-        self._decoder = relay.FrameDecoder(partial=not datagram)
+        self._decoder = relay.FrameDecoder(partial=not datagram, peer=peer)
         self._failure: str | None = None
         self._lost_reason = lost
 
-    async def handshake(
-        self, endpoint: Endpoint, address: str, datagram: bool, purpose: str
-    ) -> None:
-        """Ask for the endpoint; returns after the agent's 101, raises on its refusal."""
+    async def handshake(self, request: Request) -> None:
+        """Send `request`; returns after the 101, raises on a refusal."""
         assert self._http is not None and self._transport is not None
-        transport = relay.Transport.DATAGRAM if datagram else relay.Transport.STREAM
         headers = [
-            ("Host", "subres-agent"),
+            ("Host", request.host),
             ("Connection", "Upgrade"),
-            ("Upgrade", relay.UPGRADE),
+            ("Upgrade", request.upgrade),
             ("Content-Length", "0"),
-            (relay.ENDPOINT_HEADER, _wire_endpoint(endpoint, address)),
-            (relay.TRANSPORT_HEADER, transport.value),
+            *request.headers,
         ]
-        if purpose:
-            headers.append((relay.FOR_HEADER, purpose))
-        request = self._http.send(h11.Request(method="POST", target=relay.PATH, headers=headers))
+        sent = self._http.send(h11.Request(method="POST", target=request.path, headers=headers))
         end = self._http.send(h11.EndOfMessage())
-        self._transport.write((request or b"") + (end or b""))
+        self._transport.write((sent or b"") + (end or b""))
         await self._answer
 
     def data_received(self, data: bytes) -> None:
@@ -266,6 +323,7 @@ class RelayStream(SocketStream):
     def _answer_event(self, http: h11.Connection, event: object) -> bool:
         """Handle one h11 event of the answer; True once the answer is complete."""
         if isinstance(event, h11.InformationalResponse) and event.status_code == 101:
+            self.answer_headers = {k.decode().lower(): v.decode() for k, v in event.headers}
             leftover, _ = http.trailing_data
             self._http = None
             self._settle(None)
@@ -280,7 +338,7 @@ class RelayStream(SocketStream):
                 self._settle(AgentUnavailable("the agent's refusal is too long"))
                 return True
         elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed | h11.PAUSED):
-            self._settle(_refusal(self._status, bytes(self._body)))
+            self._settle(self.refusal(self._status, bytes(self._body)))
             return True
         return False
 
@@ -308,9 +366,18 @@ class RelayStream(SocketStream):
                     super().data_received(event.data)
             elif isinstance(event, relay.EofReceived):
                 super().eof_received()
-            else:
+            elif isinstance(event, relay.ErrorReceived):
                 self._failure = event.reason
                 super().eof_received()
+            else:
+                self.control(event)
+
+    def control(self, event: relay.ResizeReceived | relay.CloseReceived) -> None:
+        """A peer relay's RESIZE or CLOSE frame (an agent's decoder yields none)."""
+
+    def refusal(self, status: int, body: bytes) -> Exception:
+        """The exception for a non-101 answer."""
+        return _refusal(status, body)
 
     def eof_received(self) -> bool:
         """TLS ended without our EOF frame: wait for `connection_lost` to say so."""

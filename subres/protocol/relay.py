@@ -24,6 +24,12 @@ backend failed, with the reason as UTF-8, and ends the relay. Framing is
 what lets a half-close and a failure cross TLS, which asyncio cannot
 half-close, and keeps datagram boundaries. A connection that ends without
 `EOF` or `ERROR` was lost: the agent or the replica died.
+
+Replicas relay sessions to each other with the same frames (`subres-peer.v1`,
+see `sessions.peer`) plus two types that only a decoder made with `peer`
+accepts: `RESIZE` (a console window's columns and rows, two big-endian
+16-bit numbers) and `CLOSE` (a close code, big-endian 16 bits, and its reason
+as UTF-8: the session ended, and why, in the client's terms).
 """
 
 from __future__ import annotations
@@ -39,16 +45,20 @@ __all__ = [
     "PATH",
     "TRANSPORT_HEADER",
     "UPGRADE",
+    "CloseReceived",
     "DataReceived",
     "EofReceived",
     "ErrorReceived",
     "FrameDecoder",
     "FrameError",
     "FrameType",
+    "ResizeReceived",
     "Transport",
+    "close",
     "data",
     "eof",
     "error",
+    "resize",
 ]
 
 PATH = "/relay"
@@ -76,6 +86,8 @@ class FrameType(enum.IntEnum):
     DATA = 0
     EOF = 1
     ERROR = 2
+    RESIZE = 3
+    CLOSE = 4
 
 
 class FrameError(ValueError):
@@ -101,7 +113,26 @@ class ErrorReceived:
     reason: str
 
 
-Event = DataReceived | EofReceived | ErrorReceived
+@dataclass(frozen=True)
+class ResizeReceived:
+    """A console window's new size (peer relays only)."""
+
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class CloseReceived:
+    """The session is over, with the close code and reason for its client (peer relays only)."""
+
+    code: int
+    reason: str
+
+
+Event = DataReceived | EofReceived | ErrorReceived | ResizeReceived | CloseReceived
+
+_SIZE = struct.Struct(">HH")
+_CODE = struct.Struct(">H")
 
 
 def data(payload: bytes) -> bytes:
@@ -124,6 +155,18 @@ def error(reason: str) -> bytes:
     return _HEADER.pack(FrameType.ERROR, len(payload)) + payload
 
 
+def resize(width: int, height: int) -> bytes:
+    """A RESIZE frame (each dimension clamped to 0..65535)."""
+    payload = _SIZE.pack(min(max(width, 0), 0xFFFF), min(max(height, 0), 0xFFFF))
+    return _HEADER.pack(FrameType.RESIZE, len(payload)) + payload
+
+
+def close(code: int, reason: str) -> bytes:
+    """A CLOSE frame: `code` and `reason` (cut to 123 bytes, as a WebSocket close frame's)."""
+    payload = _CODE.pack(code & 0xFFFF) + reason.encode()[:123]
+    return _HEADER.pack(FrameType.CLOSE, len(payload)) + payload
+
+
 class FrameDecoder:
     """Bytes in, frame events out, whatever the chunking.
 
@@ -133,11 +176,13 @@ class FrameDecoder:
     event is one whole frame.
     """
 
-    __slots__ = ("_buffer", "_partial", "_remaining")
+    __slots__ = ("_buffer", "_partial", "_peer", "_remaining")
 
-    def __init__(self, *, partial: bool = False) -> None:
+    def __init__(self, *, partial: bool = False, peer: bool = False) -> None:
         self._buffer = bytearray()
         self._partial = partial
+        self._peer = peer
+        """RESIZE and CLOSE frames are accepted (between replicas only)."""
         self._remaining = 0
         """Payload bytes of the current DATA frame still to come (partial mode)."""
 
@@ -182,12 +227,12 @@ class FrameDecoder:
                         self._remaining = end - size
                         return size
                     break
-                events.append(_event(kind, bytes(view[start:end])))
+                events.append(_event(kind, bytes(view[start:end]), peer=self._peer))
                 offset = end
         return offset
 
 
-def _event(kind: int, payload: bytes) -> Event:
+def _event(kind: int, payload: bytes, *, peer: bool) -> Event:
     if kind == FrameType.DATA:
         return DataReceived(payload)
     if kind == FrameType.EOF:
@@ -196,4 +241,13 @@ def _event(kind: int, payload: bytes) -> Event:
         return EofReceived()
     if kind == FrameType.ERROR:
         return ErrorReceived(payload.decode(errors="replace"))
+    if peer and kind == FrameType.RESIZE:
+        if len(payload) != _SIZE.size:
+            raise FrameError(f"relay RESIZE frame of {len(payload)} bytes, not {_SIZE.size}")
+        return ResizeReceived(*_SIZE.unpack(payload))
+    if peer and kind == FrameType.CLOSE:
+        if len(payload) < _CODE.size:
+            raise FrameError("relay CLOSE frame without a code")
+        (code,) = _CODE.unpack_from(payload)
+        return CloseReceived(code, payload[_CODE.size :].decode(errors="replace"))
     raise FrameError(f"unknown relay frame type {kind}")

@@ -55,9 +55,9 @@ from subres.server import (
     vnc,
 )
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
-from subres.server.keeper import Keeper
 from subres.server.state import State
 from subres.serving import errors, health
+from subres.sessions.keeper import Keeper
 from subres.web import page
 
 __all__ = ["KEEPER", "build"]
@@ -122,6 +122,9 @@ def build(state: State) -> web.Application:
     page.add_routes(app, settings)
 
     keeper = app[KEEPER] = Keeper(state)
+    state.owners.on_change(
+        lambda _: state.sessions.moved(state.owners.mine, "the session moved to another replica")
+    )
 
     async def on_startup(_: web.Application) -> None:
         await state.recordings.start()

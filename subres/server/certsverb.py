@@ -3,8 +3,9 @@
 Writes into `--out` one CA (`ca.crt`/`ca.key`) and the pairs it signs:
 `tls.*` serving the APIService (SANs `<service>.<namespace>.svc` and its
 short and long forms), `agent.*` serving every node agent
-(`subres-agent.<namespace>.svc`), `replica.*` the replicas' client
-certificate for agents (CN `subres-replica`). Then the manifests:
+(`subres-agent.<namespace>.svc`), `replica.*` the replicas' certificate,
+their client identity towards agents and each other and their serving
+certificate on the peer port (CN and DNS name `subres-replica`). Then the manifests:
 `secret.yaml` (the three `kubernetes.io/tls` Secrets the Deployment and the
 DaemonSet mount, each with its `ca.crt`), `apiservice-cabundle.yaml` (a
 patch giving the APIService the CA) and `kustomization.yaml`, a kustomize

@@ -4,9 +4,10 @@ Builds, from validated options, the apiserver clients (main, authentication,
 authorization), the authentication configuration (read at start from the
 cluster's ConfigMap unless flags give it all), the delegating authenticator
 and webhook authorizer, one informer per parent CRD plus one for the
-ConfigMap, the session Leases that keep console and vnc exclusive across
-replicas, and, when agents are configured, one informer for the agent pods.
-`Cluster` starts those informers and stops them and the clients.
+ConfigMap, the replica membership (this replica's Lease, and the watches of
+every replica's Lease and Pod that decide who owns each console), and, when
+agents are configured, one informer for the agent pods. `Cluster` starts
+those informers and stops them and the clients.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from subres.kube.agents import AgentPods
 from subres.kube.cache import ParentCache
 from subres.kube.informer import Informer, InformerSettings
 from subres.server.options import Options
-from subres.sessions.leases import LeaseSettings, SessionLeases
+from subres.sessions.members import Membership, MembershipSettings, Owners
 
 __all__ = ["Cluster", "build"]
 
@@ -53,8 +54,8 @@ class Cluster:
     authenticator: DelegatingAuthenticator
     authorizer: WebhookAuthorizer
     informers: tuple[Informer, ...]
-    leases: SessionLeases
-    """Console and vnc slots shared with the other replicas."""
+    membership: Membership
+    """This replica's Lease and its view of the others (`owners`)."""
     apis: tuple[client.Api, ...]
     """Every distinct client, closed on stop."""
     agents: AgentPods | None = None
@@ -67,13 +68,22 @@ class Cluster:
         return self.apis[0]
 
     async def start(self) -> None:
-        """Start the informers and the session Leases' watch."""
+        """Start the informers and the membership."""
         self._tasks = [asyncio.create_task(i.run(), name=i.name) for i in self.informers]
-        await self.leases.start()
+        await self.membership.start()
+
+    @property
+    def owners(self) -> Owners:
+        """Who owns each unit, as this replica sees the members."""
+        return self.membership.owners
+
+    async def leave(self) -> None:
+        """The drain started: delete this replica's Lease, so that its units move now."""
+        await self.membership.leave()
 
     async def stop(self, *, grace: float) -> None:
-        """Give up the session Leases (waiting at most `grace`), stop informers and clients."""
-        await self.leases.stop(grace=grace)
+        """Leave the members (waiting at most `grace`), stop informers and clients."""
+        await self.membership.stop(grace=grace)
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -152,14 +162,18 @@ async def _assemble(
             always_allow_paths=options.authorization_always_allow_paths,
         ),
     )
-    leases = SessionLeases(
+    replica = options.replica_name or socket.gethostname()
+    membership = Membership(
         main,
-        LeaseSettings(
-            namespace=options.lease_namespace or options.service_namespace,
-            identity=options.replica_name or socket.gethostname(),
-            duration=int(options.lease_duration),
-            renew_interval=options.lease_renew_interval,
+        MembershipSettings(
+            namespace=options.service_namespace,
+            replica=replica,
+            selector=options.replica_selector,
+            peer_port=options.peer_port,
+            duration=options.member_duration,
+            renew=options.member_renew,
         ),
+        Owners(replica),
         informer=settings,
     )
     return Cluster(
@@ -168,7 +182,7 @@ async def _assemble(
         authenticator=DelegatingAuthenticator(config=auth, tokens=tokens),
         authorizer=authorizer,
         informers=tuple(informers),
-        leases=leases,
+        membership=membership,
         apis=tuple(dict.fromkeys(apis)),
         agents=agents,
     )

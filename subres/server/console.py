@@ -5,7 +5,9 @@ is the writer: one per machine, a newer one takes over. `console-observe`
 is an observer: read-only, any number, authorized as its own subresource so
 that RBAC can grant watching without typing; observers stay attached while
 writers come and go. Both accept `?tail=N` (lines of a kept console's
-scrollback to replay first).
+scrollback to replay first). The console's owner (`sessions.members`) holds
+the writer's slot, the observers and the kept connection; when that is
+another replica, this one relays to it (`sessions.peer`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from aiohttp import hdrs, web
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
-from subres.server import remotecommand, session, sharing, streaming, subresource
+from subres.server import remotecommand, streaming, subresource
+from subres.server.middleware import who
 from subres.server.state import State
+from subres.sessions import peer, session, sharing
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
@@ -46,24 +50,23 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     target = subresource.resolve(state, request, "console")
     url = subresource.endpoint_url(target)
     tail = _tail(request)
-    writer = mode == session.WRITER
     # The two dialects' upgrades take different arguments: two calls that look alike.
     if httpstream.is_spdy_upgrade(
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
     ):
         protocol = remotecommand.negotiate(request)
-        backend = await _backend(state, target, url, mode=mode, tail=tail)
+        backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
         return await remotecommand.serve(
             state,
             request,
             target=target,
             protocol=protocol,
             backend=backend,
-            exclusive=writer,
+            exclusive=exclusive,
             mode=mode,
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
-    backend = await _backend(state, target, url, mode=mode, tail=tail)
+    backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
     return await streaming.serve(
         state,
         request,
@@ -71,17 +74,31 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         ws=ws,
         dialect=dialect,
         backend=backend,
-        exclusive=writer,
+        exclusive=exclusive,
         mode=mode,
     )
 
 
 async def _backend(
-    state: State, target: subresource.Target, url: str, *, mode: str, tail: int | None
-) -> ByteStream:
+    state: State,
+    request: web.Request,
+    target: subresource.Target,
+    url: str,
+    *,
+    mode: str,
+    tail: int | None,
+) -> tuple[ByteStream, bool]:
+    """The session's backend, and whether the session holds the slot here.
+
+    When another replica owns the console, a peer session there (which holds
+    the slot); else the console here.
+    """
+    relayed = await peer.front(state, target, who(request), mode=mode, preserve=False, tail=tail)
+    if relayed is not None:
+        return relayed, False
     if mode == session.OBSERVER:
-        return sharing.observe(state, target, tail=tail)
-    return await sharing.write(state, target, url, tail=tail)
+        return sharing.observe(state, target, tail=tail), False
+    return await sharing.write(state, target, url, tail=tail), True
 
 
 def _tail(request: web.Request) -> int | None:

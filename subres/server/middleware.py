@@ -8,6 +8,7 @@ reaches the code that dials a backend.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
@@ -21,8 +22,9 @@ from subres.protocol import channels
 from subres.server.handshake import offered_subprotocols
 from subres.server.state import State
 from subres.serving.tls import peer_certificate
+from subres.sessions.runtime import Who
 
-__all__ = ["USER", "authenticated", "identity"]
+__all__ = ["USER", "authenticated", "identity", "who"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,18 @@ async def _admit(state: State, request: web.Request) -> UserInfo:
             raise StatusError(401, "Unauthorized")
         raise StatusError(403, _forbidden(user.name, attrs), details=_details(attrs))
     return user
+
+
+def who(request: web.Request) -> Who:
+    """Who made an authenticated request, from where, under which request id."""
+    user = request[USER]
+    return Who(
+        user=user.name,
+        groups=tuple(user.groups),
+        client=request.remote or "",
+        request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
+        transport=request.transport,
+    )
 
 
 def authenticated(request: web.Request) -> bool:

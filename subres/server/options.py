@@ -73,14 +73,16 @@ class Options:
     """Log one line per HTTP request (`--access-log`)."""
     shutdown_delay: float = 0.0
     """Seconds a terminating server keeps serving, not ready, before it stops accepting."""
-    lease_namespace: str = ""
-    """Cluster mode: where session Leases live; empty means `service_namespace`."""
-    lease_duration: float = 30.0
-    """Cluster mode: seconds a session Lease nobody renews keeps blocking `preserveSession`."""
-    lease_renew_interval: float = 10.0
-    """Cluster mode: seconds between renewals of a live session's Lease."""
+    peer_port: int = 8445
+    """Cluster mode: where replicas serve each other (mutual TLS, the replica certificate)."""
+    member_duration: float = 6.0
+    """Cluster mode: seconds a replica counts as a member after its last Lease renewal."""
+    member_renew: float = 2.0
+    """Cluster mode: seconds between renewals of this replica's membership Lease."""
+    replica_selector: str = "app.kubernetes.io/name=subres,app.kubernetes.io/component=server"
+    """Cluster mode: label selector of the replica Pods in the service namespace."""
     replica_name: str = ""
-    """Cluster mode: this replica in session Lease holder identities; empty means the host name."""
+    """Cluster mode: this replica's Pod name (default: the host name, which is the Pod's)."""
     agents: tuple[tuple[str, str], ...] = ()
     """Standalone: (node, https URL) of each node agent (`--agent NODE=URL`)."""
     agent_ca_file: Path | None = None
@@ -140,9 +142,10 @@ class Options:
                 ns.authorization_webhook_cache_unauthorized_ttl
             ),
             access_log=ns.access_log,
-            lease_namespace=ns.lease_namespace,
-            lease_duration=ns.lease_duration,
-            lease_renew_interval=ns.lease_renew_interval,
+            peer_port=ns.peer_port,
+            member_duration=ns.member_duration,
+            member_renew=ns.member_renew,
+            replica_selector=ns.replica_selector,
             replica_name=ns.replica_name,
             agents=tuple(_agent(text) for text in ns.agent or ()),
             agent_ca_file=ns.agent_ca_file,
@@ -199,10 +202,14 @@ class Options:
 
     def _lease_problems(self) -> list[str]:
         problems = []
-        if self.lease_duration < 1 or not self.lease_duration.is_integer():
-            problems.append("--lease-duration must be a whole number of seconds, at least 1s")
-        if not 0 < self.lease_renew_interval < self.lease_duration:
-            problems.append("--lease-renew-interval must be above 0 and below --lease-duration")
+        if self.member_duration < 1 or not self.member_duration.is_integer():
+            problems.append("--member-duration must be a whole number of seconds, at least 1s")
+        if not 0 < self.member_renew <= self.member_duration / 3:
+            problems.append(
+                "--member-renew must be above 0 and at most a third of --member-duration"
+            )
+        if not 0 <= self.peer_port <= 65535:
+            problems.append("--peer-port must be a port number")
         return problems
 
     def _agent_problems(self) -> list[str]:
@@ -379,29 +386,34 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="start even if kube-system/extension-apiserver-authentication cannot be read",
     )
     add(
-        "--lease-namespace",
-        default="",
-        help="namespace of the session Leases that keep console and vnc exclusive across "
-        "replicas (default: --service-namespace)",
+        "--peer-port",
+        type=int,
+        default=8445,
+        help="port where replicas serve each other over mutual TLS (0: any free port)",
     )
     add(
-        "--lease-duration",
+        "--member-duration",
         type=duration,
-        default=30.0,
-        help="how long a session Lease nobody renews (its replica died) still blocks "
-        "preserveSession (whole seconds)",
+        default=6.0,
+        help="how long a replica counts as a member after its last Lease renewal "
+        "(whole seconds; a dead replica's consoles move after this)",
     )
     add(
-        "--lease-renew-interval",
+        "--member-renew",
         type=duration,
-        default=10.0,
-        help="how often a live console or vnc session renews its Lease",
+        default=2.0,
+        help="how often a replica renews its membership Lease (at most a third of "
+        "--member-duration)",
+    )
+    add(
+        "--replica-selector",
+        default="app.kubernetes.io/name=subres,app.kubernetes.io/component=server",
+        help="label selector of the replica Pods in --service-namespace",
     )
     add(
         "--replica-name",
         default="",
-        help="this replica in session Lease holder identities (default: the host name, "
-        "which is the pod name)",
+        help="this replica's Pod name (default: the host name, which is the Pod's)",
     )
     for flag in (
         "--authentication-token-webhook-cache-ttl",

@@ -27,9 +27,11 @@ from subres.kube.status import StatusError
 from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
 from subres.protocol.spdy import Role
-from subres.server import handshake, session, subresource
+from subres.server import handshake, subresource
+from subres.server.middleware import who
 from subres.server.state import State
-from subres.server.subresource import Target
+from subres.sessions import session
+from subres.sessions.target import Target
 
 __all__ = ["PAIRING_TIMEOUT", "handle_spdy", "handle_tunnel", "refusal"]
 
@@ -76,7 +78,7 @@ async def _serve(
     spdy = SpdySession(carrier, role=Role.SERVER, ping_interval=state.config.session.ping_interval)
     async with (
         spdy,
-        session.live(state, request, target=target, dialect=dialect, client=spdy) as live,
+        session.live(state, who(request), target=target, dialect=dialect, client=spdy) as live,
     ):
         await live.run(_Forwarder(state, target, spdy, live.record.traffic).run())
 

@@ -22,9 +22,11 @@ from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
-from subres.server import handshake, session, subresource
+from subres.server import handshake, subresource
+from subres.server.middleware import who
 from subres.server.state import State
-from subres.server.subresource import Target
+from subres.sessions import session
+from subres.sessions.target import Target
 
 __all__ = ["PROTOCOLS", "RAW_SUBPROTOCOLS", "handle_channels", "handle_port"]
 
@@ -56,7 +58,7 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
     await ws.prepare(request)
     mux = ChannelMux(ws, dialect, ports)
     async with session.live(
-        state, request, target=target, dialect=dialect.name, client=mux
+        state, who(request), target=target, dialect=dialect.name, client=mux
     ) as live:
         await live.run(_forward_ports(state, target, mux, vetted, live.record.traffic))
     return ws
@@ -126,7 +128,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
         await ws.prepare(request)
         client = RawWebSocket(ws, batch=protocol == "tcp")
         async with session.live(
-            state, request, target=target, dialect=dialect.name, client=client
+            state, who(request), target=target, dialect=dialect.name, client=client
         ) as live:
             outcome = await live.run(pump(client, backend, live.record.traffic))
             if outcome.ending is Ending.CLIENT:

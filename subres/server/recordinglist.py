@@ -6,6 +6,11 @@ the asciicast file itself (`application/x-asciicast`). Both are authorized
 as `get machines/recordings` on that machine, as kube-apiserver authorized
 them before proxying; a machine's recordings stay readable after the machine
 is gone. Only names a recording can have are opened (`recordings.FILE_NAME`).
+
+Each replica writes the recordings of the consoles it owns; a listing asks
+every replica (`fanout`) and merges by name, and a file this replica does not
+have is fetched from the one that has it, so any replica serves any
+recording whether the directory is shared or each replica has its own.
 """
 
 from __future__ import annotations
@@ -19,20 +24,52 @@ from aiohttp import web
 
 from subres.kube.status import StatusError
 from subres.protocol import asciicast
+from subres.server import fanout
 from subres.server.state import State
 from subres.serving.units import rfc3339
 from subres.sessions.recordings import FILE_NAME
 
-__all__ = ["listing", "one"]
+__all__ = ["listing", "local_listing", "local_one", "one"]
 
 CONTENT_TYPE = "application/x-asciicast"
 HEADER_BYTES = 4096
 
 
+MAX_LISTING = 16 << 20
+"""The largest recordings listing read from another replica."""
+MAX_FILE = 1 << 30
+"""The largest recording read from another replica."""
+
+
 async def listing(state: State, request: web.Request) -> web.Response:
-    """The recordings of one machine, newest first."""
+    """The recordings of one machine on every replica, newest first."""
+    items = await _local_items(state, request)
+    answers = await fanout.ask_others(state, _peer_path(request), limit=MAX_LISTING)
+    failed = [*answers.failed, *answers.status]
+    for member, body in answers.ok.items():
+        try:
+            items += [i for i in json.loads(body)["items"] if isinstance(i, dict)]
+        except (ValueError, KeyError, TypeError):
+            failed.append(member)
+    # A shared directory (ReadWriteMany) shows every file on every replica: once each.
+    unique = {str(i.get("name")): i for i in items}
+    merged = sorted(unique.values(), key=lambda item: str(item["name"]), reverse=True)
+    return _listing(state, merged, headers=fanout.warning(failed))
+
+
+async def local_listing(state: State, request: web.Request) -> web.Response:
+    """This replica's recordings of one machine (the peer port's)."""
+    return _listing(state, await _local_items(state, request))
+
+
+async def _local_items(state: State, request: web.Request) -> list[dict[str, Any]]:
     folder = _folder(state, request)
-    items = await asyncio.to_thread(_items, folder) if folder is not None else []
+    return await asyncio.to_thread(_items, folder) if folder is not None else []
+
+
+def _listing(
+    state: State, items: list[dict[str, Any]], *, headers: dict[str, str] | None = None
+) -> web.Response:
     body = {
         "kind": "RecordingList",
         "apiVersion": f"{state.config.group}/{state.config.version}",
@@ -40,25 +77,53 @@ async def listing(state: State, request: web.Request) -> web.Response:
         "items": items,
     }
     return web.Response(
-        body=json.dumps(body, separators=(",", ":")).encode(), content_type="application/json"
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        content_type="application/json",
+        headers=headers,
     )
 
 
 async def one(state: State, request: web.Request) -> web.StreamResponse:
-    """One recording file."""
+    """One recording file, from this replica or the one that wrote it."""
+    try:
+        return await local_one(state, request)
+    except StatusError as exc:
+        if exc.code != 404:
+            raise
+    name = request.match_info["file"]
+    answers = await fanout.ask_others(state, f"{_peer_path(request)}/{name}", limit=MAX_FILE)
+    for body in answers.ok.values():
+        return web.Response(body=body, headers=_file_headers(name))
+    if answers.failed:
+        raise StatusError(
+            503,
+            f'recording "{name}" not found here, and replicas did not answer: '
+            + ", ".join(sorted(answers.failed)),
+        )
+    raise StatusError(404, f'recording "{name}" not found')
+
+
+async def local_one(state: State, request: web.Request) -> web.StreamResponse:
+    """One recording file of this replica."""
     folder = _folder(state, request)
     name = request.match_info["file"]
     path = folder / name if folder is not None and FILE_NAME.match(name) else None
     if path is None or not await asyncio.to_thread(path.is_file):
         raise StatusError(404, f'recording "{name}" not found')
-    return web.FileResponse(
-        path,
-        headers={
-            "Content-Type": CONTENT_TYPE,
-            "Content-Disposition": f'inline; filename="{name}"',
-            "Cache-Control": "no-store",
-        },
-    )
+    return web.FileResponse(path, headers=_file_headers(name))
+
+
+def _file_headers(name: str) -> dict[str, str]:
+    return {
+        "Content-Type": CONTENT_TYPE,
+        "Content-Disposition": f'inline; filename="{name}"',
+        "Cache-Control": "no-store",
+    }
+
+
+def _peer_path(request: web.Request) -> str:
+    info = request.match_info
+    return f"/peer/v1/recordings/{info['resource']}/{info['namespace']}/{info['name']}"
 
 
 def _folder(state: State, request: web.Request) -> Path | None:

@@ -22,6 +22,7 @@ import logging
 
 from aiohttp import web
 
+from subres.backends.peer import PeerStream
 from subres.engine import upgrade
 from subres.engine.pump import Outcome, Traffic, pump
 from subres.engine.spdy import SpdySession, SpdyStream
@@ -30,9 +31,11 @@ from subres.engine.websocket import CloseCode
 from subres.kube.status import exited, failure
 from subres.protocol import httpstream
 from subres.protocol.spdy import Role
-from subres.server import portforward_spdy, session
+from subres.server import portforward_spdy
+from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.server.subresource import Target
+from subres.sessions import session
+from subres.sessions.target import Target
 
 __all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "negotiate", "serve"]
 
@@ -68,7 +71,12 @@ async def serve(
     """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`."""
     try:
         async with session.hold(
-            state, request, target=target, exclusive=exclusive, mode=mode
+            state,
+            request[USER].name,
+            target=target,
+            exclusive=exclusive,
+            mode=mode,
+            owner=not isinstance(backend, PeerStream),
         ) as held:
             response, socket = await upgrade.upgrade(
                 request, httpstream.switching_headers(protocol)
@@ -81,7 +89,7 @@ async def serve(
                 spdy,
                 session.live(
                     state,
-                    request,
+                    who(request),
                     target=target,
                     dialect=f"spdy/{protocol}",
                     client=client,

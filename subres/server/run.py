@@ -41,7 +41,7 @@ from subres.kube.informer import InformerSettings
 from subres.kube.secrets import ApiSecrets, CachedSecrets
 from subres.kube.standalone import FileSource
 from subres.server import app as application
-from subres.server import cluster
+from subres.server import cluster, peer
 from subres.server.options import Options
 from subres.server.state import State
 from subres.serving import certs, connections
@@ -50,7 +50,6 @@ from subres.serving.tls import ReloadingTLS
 from subres.sessions import audit
 from subres.sessions.audit import SessionAudit
 from subres.sessions.events import KubeEvents
-from subres.sessions.registry import Sessions
 
 __all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
 
@@ -83,6 +82,10 @@ class Background(Protocol):
         """Stop it within `grace` seconds, after the listener closed."""
         ...
 
+    async def leave(self) -> None:
+        """The drain started: give this replica's units to the others now."""
+        ...
+
 
 @dataclass
 class Server:
@@ -97,8 +100,12 @@ class Server:
     polled: tuple[Reloadable, ...] = ()
     """Further things to poll (standalone: the token and client CA files)."""
     background: Background | None = None
+    peer_tls: ReloadingTLS | None = None
+    """Cluster mode: the peer port's TLS (the replica certificate, replica clients only)."""
     runner: web.AppRunner | None = None
+    peer_runner: web.AppRunner | None = None
     port: int = 0
+    peer_port: int = 0
     _watcher: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
@@ -128,14 +135,40 @@ class Server:
         )
         await site.start()
         self.port = int(self.runner.addresses[0][1])
+        if self.peer_tls is not None:
+            await self._start_peer(self.peer_tls)
         self._watcher = asyncio.create_task(self._watch())
         self.state.reclaimer.start()
         log.info("serving on https://%s:%d", self.options.bind_address, self.port)
         return self.port
 
+    async def _start_peer(self, tls: ReloadingTLS) -> None:
+        self.peer_runner = web.AppRunner(
+            peer.build(self.state), handle_signals=False, handler_cancellation=True, access_log=None
+        )
+        await self.peer_runner.setup()
+        site = connections.GuardedSite(
+            self.peer_runner,
+            self.state.connections,
+            host=self.options.bind_address,
+            port=self.options.peer_port,
+            ssl_context=tls.context,
+            backlog=1024,
+        )
+        await site.start()
+        self.peer_port = int(self.peer_runner.addresses[0][1])
+        log.info("serving replicas on https://%s:%d", self.options.bind_address, self.peer_port)
+
     async def drain(self, *, cut_short: asyncio.Event) -> None:
-        """Fail readiness, keep serving for the shutdown delay (or until `cut_short`), stop."""
+        """Fail readiness, leave the members, keep serving for the shutdown delay, stop.
+
+        Serving goes on for `--shutdown-delay` (or until `cut_short`) so that
+        kube-apiserver stops sending requests; this replica's units move to the
+        others at once, and its sessions on them end with 1001.
+        """
         self.state.draining = True
+        if self.background is not None:
+            await self.background.leave()
         log.info("shutting down: not ready; serving %.1fs more", self.options.shutdown_delay)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.options.shutdown_delay):
@@ -157,6 +190,8 @@ class Server:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline - last / 2):
                     await self.runner.cleanup()
+                    if self.peer_runner is not None:
+                        await self.peer_runner.cleanup()
         await self.state.reclaimer.stop()
         if self.background is not None:
             await self.background.stop(grace=max(0.0, deadline - loop.time()))
@@ -184,6 +219,8 @@ class Server:
         for polled in self.polled:
             polled.reload_if_changed()
         self.tls.reload_if_changed()
+        if self.peer_tls is not None:
+            self.peer_tls.reload_if_changed()
         self.state.tls_ready = self.tls.ready
 
 
@@ -242,8 +279,9 @@ async def complete_cluster(
         connections=connections.Guard(options.connections),
         readiness=_readiness(parts),
         secrets=ApiSecrets(parts.main),
-        sessions=Sessions(shared=parts.leases),
         agents=_agents(options, parts.agents or StaticDirectory({})),
+        owners=parts.owners,
+        peer_tls=_peer_tls(options),
         metrics=metrics,
         audit=SessionAudit(audit.open_log(options.session_audit_log)),
         events=KubeEvents(parts.main, metrics=metrics, instance=replica),
@@ -255,14 +293,21 @@ async def complete_cluster(
             "subjectaccessreview": parts.authorizer.cache,
         }
     )
-    return Server(options=options, state=state, tls=tls, source=parts.auth, background=parts)
+    return Server(
+        options=options,
+        state=state,
+        tls=tls,
+        source=parts.auth,
+        background=parts,
+        peer_tls=_peer_serving(options),
+    )
 
 
 def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
     """Cluster mode's /readyz checks beyond TLS and the parent caches."""
     checks: dict[str, Callable[[], bool]] = {
         "authentication-config": lambda: parts.auth.ready,
-        "session-leases": lambda: parts.leases.synced,
+        "replica-membership": lambda: parts.membership.synced,
     }
     agents = parts.agents
     if agents is not None:
@@ -282,6 +327,30 @@ def _agents(options: Options, directory: Directory) -> Agents:
             server_name=options.agent_server_name,
         )
     return Agents(directory=directory, tls=tls)
+
+
+def _peer_serving(options: Options) -> ReloadingTLS | None:
+    """The peer port's TLS: the replica certificate, and only its CA's clients."""
+    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
+        return ReloadingTLS(
+            cert=options.agent_client_cert_file,
+            key=options.agent_client_key_file,
+            client_ca=[options.agent_ca_file],
+            require_client_cert=True,
+        )
+    return None
+
+
+def _peer_tls(options: Options) -> ClientTLS | None:
+    """The replica certificate as a client of the other replicas (the agents' client pair)."""
+    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
+        return ClientTLS(
+            cert=options.agent_client_cert_file,
+            key=options.agent_client_key_file,
+            ca=options.agent_ca_file,
+            server_name=peer.REPLICA_NAME,
+        )
+    return None
 
 
 def _serving_pair(options: Options) -> tuple[Path, Path]:

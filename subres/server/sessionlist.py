@@ -6,7 +6,10 @@ answer a `SessionList`, or a `meta.k8s.io/v1` `Table` when the Accept header
 asks for one, as `kubectl get` does. A session says who (user), what
 (machine, subresource, mode: writer, observer, viewer or forwarder), since
 when, from where (the client address this replica saw) and how many bytes
-went each way so far. Each replica lists the sessions it serves.
+went each way so far. Every session has one front (the replica its client
+reached), which knows all of that; the replica asked lists its own and asks
+every other replica for theirs (`fanout`), naming any that did not answer in
+a `Warning` header.
 """
 
 from __future__ import annotations
@@ -14,19 +17,17 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any
 
 from aiohttp import web
 
 from subres.kube.status import StatusError
-from subres.server import subresource
-from subres.server.session import Live, Record
+from subres.server import fanout, subresource
 from subres.server.state import State
 from subres.serving.units import human_age, human_bytes, rfc3339
-from subres.sessions.leases import USER_ANNOTATION
+from subres.sessions.session import Live, Record
 
-__all__ = ["COLUMNS", "for_machine", "for_namespace", "item"]
+__all__ = ["COLUMNS", "for_machine", "for_namespace", "fronted", "item"]
 
 TABLE = "as=Table"
 COLUMNS = (
@@ -35,32 +36,15 @@ COLUMNS = (
     ("Subresource", "string", "", "console, vnc or portforward."),
     ("Mode", "string", "", "writer, observer, viewer or forwarder."),
     ("User", "string", "", "Who opened it."),
-    ("Client", "string", "", "The client address this replica saw."),
+    ("Client", "string", "", "The client address the session's front replica saw."),
     ("Up", "string", "", "Bytes from the client to the machine so far."),
     ("Down", "string", "", "Bytes from the machine to the client so far."),
     ("Age", "string", "", "Time since the session started."),
 )
 
 
-HOLDERS = {"console": "writer", "vnc": "viewer"}
-"""The slots whose Leases name a session of another replica, and its mode."""
-
-
-@runtime_checkable
-class Holders(Protocol):
-    """Session Leases, as the replicas' shared lock has seen them."""
-
-    def holders(self) -> list[Mapping[str, Any]]:
-        """The fresh session Leases."""
-        ...
-
-
-class Entry(NamedTuple):
-    """A session: its record, the replica serving it, whether its traffic is known here."""
-
-    record: Record
-    replica: str
-    local: bool
+MAX_LISTING = 64 << 20
+"""The largest sessions listing read from another replica."""
 
 
 async def for_machine(state: State, request: web.Request) -> web.Response:
@@ -70,12 +54,14 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
     subresource.lookup(state, request, parent)
     namespace, name = request.match_info["namespace"], request.match_info["name"]
-    entries = [
-        e
-        for e in _entries(state)
-        if (e.record.kind, e.record.namespace, e.record.name) == (parent.kind, namespace, name)
+    items, failed = await _items(state)
+    mine = [
+        i
+        for i in items
+        if (i["parent"]["kind"], i["metadata"]["namespace"], i["parent"]["name"])
+        == (parent.kind, namespace, name)
     ]
-    return _answer(state, request, entries)
+    return _answer(state, request, mine, failed)
 
 
 async def for_namespace(state: State, request: web.Request) -> web.Response:
@@ -83,62 +69,51 @@ async def for_namespace(state: State, request: web.Request) -> web.Response:
     namespace = request.match_info.get("namespace")
     if request.query.get("watch", "false").lower() not in ("false", "0"):
         raise StatusError(405, "sessions cannot be watched; list them again instead")
-    entries = [e for e in _entries(state) if namespace in (None, e.record.namespace)]
-    return _answer(state, request, entries)
+    items, failed = await _items(state)
+    selected = [i for i in items if namespace in (None, i["metadata"]["namespace"])]
+    return _answer(state, request, selected, failed)
 
 
-def _entries(state: State) -> Iterable[Entry]:
-    for session in state.sessions.live:
-        if isinstance(session, Live):
-            yield Entry(session.record, state.replica, local=True)
-    shared = state.sessions.shared
-    if isinstance(shared, Holders):
-        for lease in shared.holders():
-            remote = _remote(state, lease)
-            if remote is not None:
-                yield remote
-
-
-def _remote(state: State, lease: Mapping[str, Any]) -> Entry | None:
-    """A session another replica serves, from its Lease (None: ours, or not a session's)."""
-    notes = (lease.get("metadata") or {}).get("annotations") or {}
-    spec = lease.get("spec") or {}
-    replica, _, claim = str(spec.get("holderIdentity") or "").partition("/")
-    sub = str(notes.get("subres.dev/subresource") or "")
-    parent = state.config.parent(str(notes.get("subres.dev/resource") or ""))
-    if replica == state.replica or sub not in HOLDERS or parent is None:
-        return None
-    record = Record(
-        subresource=sub,
-        mode=HOLDERS[sub],
-        dialect="",
-        kind=parent.kind,
-        namespace=str(notes.get("subres.dev/namespace") or ""),
-        name=str(notes.get("subres.dev/name") or ""),
-        user=str(notes.get(USER_ANNOTATION) or ""),
-        groups=(),
-        client="",
-        request_id="",
-        id=claim or "0" * 8,
-        started=_micro_time(str(spec.get("acquireTime") or "")),
+async def fronted(state: State, request: web.Request) -> web.Response:
+    """The sessions this replica fronts (the peer port's `GET /peer/v1/sessions`)."""
+    body = {"items": _local(state)}
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")).encode(), content_type="application/json"
     )
-    return Entry(record, replica, local=False)
 
 
-def _micro_time(text: str) -> float:
-    try:
-        moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
-    except ValueError:
-        return time.time()
-    return moment.replace(tzinfo=datetime.UTC).timestamp()
-
-
-def _answer(state: State, request: web.Request, entries: list[Entry]) -> web.Response:
-    entries.sort(key=lambda e: (e.record.namespace, e.record.name, e.record.started))
+def _local(state: State) -> list[dict[str, Any]]:
     group_version = f"{state.config.group}/{state.config.version}"
-    items = [item(state, e, group_version=group_version) for e in entries]
+    return [
+        item(state, session.record, group_version=group_version)
+        for session in state.sessions.live
+        if isinstance(session, Live)
+    ]
+
+
+async def _items(state: State) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every replica's sessions (each has one front, so none twice), and who did not answer."""
+    items = _local(state)
+    answers = await fanout.ask_others(state, "/peer/v1/sessions", limit=MAX_LISTING)
+    failed = list(answers.failed)
+    for member, body in answers.ok.items():
+        try:
+            listed = json.loads(body)["items"]
+        except (ValueError, KeyError, TypeError):
+            failed.append(member)
+            continue
+        items += [i for i in listed if isinstance(i, dict)]
+    failed += list(answers.status)
+    return items, failed
+
+
+def _answer(
+    state: State, request: web.Request, items: list[dict[str, Any]], failed: list[str]
+) -> web.Response:
+    items.sort(key=lambda i: (i["metadata"]["namespace"], i["parent"]["name"], i["since"]))
+    group_version = f"{state.config.group}/{state.config.version}"
     if TABLE in request.headers.get("Accept", ""):
-        body = _table(items, entries, now=time.time())
+        body = _table(items, now=time.time())
     else:
         body = {
             "kind": "SessionList",
@@ -147,13 +122,14 @@ def _answer(state: State, request: web.Request, entries: list[Entry]) -> web.Res
             "items": items,
         }
     return web.Response(
-        body=json.dumps(body, separators=(",", ":")).encode(), content_type="application/json"
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        content_type="application/json",
+        headers=fanout.warning(failed),
     )
 
 
-def item(state: State, entry: Entry, *, group_version: str) -> dict[str, Any]:
-    """A `Session` object for `entry`; traffic is null for another replica's session."""
-    record = entry.record
+def item(state: State, record: Record, *, group_version: str) -> dict[str, Any]:
+    """A `Session` object for `record`, a session this replica fronts."""
     parent = next((p for p in state.config.parents if p.kind == record.kind), None)
     return {
         "kind": "Session",
@@ -175,14 +151,14 @@ def item(state: State, entry: Entry, *, group_version: str) -> dict[str, Any]:
         "dialect": record.dialect,
         "clientAddress": record.client,
         "since": rfc3339(record.started),
-        "bytesUp": record.traffic.up if entry.local else None,
-        "bytesDown": record.traffic.down if entry.local else None,
+        "bytesUp": record.traffic.up,
+        "bytesDown": record.traffic.down,
         "recorded": record.recorded,
-        "replica": entry.replica,
+        "replica": state.replica,
     }
 
 
-def _table(items: list[dict[str, Any]], entries: list[Entry], *, now: float) -> dict[str, Any]:
+def _table(items: list[dict[str, Any]], *, now: float) -> dict[str, Any]:
     columns = [
         {"name": name, "type": kind, "format": fmt, "description": what, "priority": 0}
         for name, kind, fmt, what in COLUMNS
@@ -190,23 +166,23 @@ def _table(items: list[dict[str, Any]], entries: list[Entry], *, now: float) -> 
     rows = [
         {
             "cells": [
-                obj["metadata"]["name"],
-                e.record.name,
-                e.record.subresource,
-                e.record.mode,
-                e.record.user,
-                e.record.client or f"(on {e.replica})",
-                human_bytes(e.record.traffic.up) if e.local else "-",
-                human_bytes(e.record.traffic.down) if e.local else "-",
-                human_age(now - e.record.started),
+                i["metadata"]["name"],
+                i["parent"]["name"],
+                i["subresource"],
+                i["mode"],
+                i["user"],
+                i["clientAddress"],
+                human_bytes(int(i["bytesUp"])),
+                human_bytes(int(i["bytesDown"])),
+                human_age(now - _parsed(str(i["since"]), now)),
             ],
             "object": {
                 "kind": "PartialObjectMetadata",
                 "apiVersion": "meta.k8s.io/v1",
-                "metadata": obj["metadata"],
+                "metadata": i["metadata"],
             },
         }
-        for obj, e in zip(items, entries, strict=True)
+        for i in items
     ]
     return {
         "kind": "Table",
@@ -215,3 +191,11 @@ def _table(items: list[dict[str, Any]], entries: list[Entry], *, now: float) -> 
         "columnDefinitions": columns,
         "rows": rows,
     }
+
+
+def _parsed(since: str, now: float) -> float:
+    try:
+        moment = datetime.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return now
+    return moment.replace(tzinfo=datetime.UTC).timestamp()

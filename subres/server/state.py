@@ -17,16 +17,18 @@ from subres.auth.authn import Credentials
 from subres.auth.authz import Decision
 from subres.auth.user import UserInfo
 from subres.backends import ssh
-from subres.backends.agent import Agents
+from subres.backends.agent import Agents, ClientTLS
+from subres.backends.peer import Peers
 from subres.config import Config
 from subres.kube.cache import ParentCache
 from subres.kube.secrets import NoSecrets, Secrets
-from subres.server import discovery, openapi
+from subres.server import discovery, openapi, subresource
 from subres.serving.connections import Guard
 from subres.serving.metrics import Metrics
 from subres.serving.reclaim import Reclaimer
 from subres.sessions.audit import SessionAudit
 from subres.sessions.events import Events, NoEvents
+from subres.sessions.members import Owners
 from subres.sessions.recordings import Recordings
 from subres.sessions.registry import Sessions
 
@@ -80,7 +82,24 @@ class State:
     reclaimer: Reclaimer = field(default_factory=Reclaimer)
     """Gives memory back when sessions or connections drain."""
 
+    peer_tls: ClientTLS | None = None
+    """The replica certificate, to reach the other replicas (the agents' client certificate)."""
+    owners: Owners = field(default_factory=lambda: Owners(""))
+    """Which replica owns each console and display (standalone: this one, alone)."""
+
     def __post_init__(self) -> None:
+        if not self.owners.replica:
+            self.owners = Owners.alone(self.replica)
+        self.backends = subresource.Backends(self)
+        """Parents and backends, as the sessions domain asks for them."""
+        session = self.config.session
+        self.peers = Peers(
+            self.peer_tls,
+            connect_timeout=session.connect_timeout,
+            read_size=session.read_size,
+            write_timeout=session.backend_write_timeout,
+        )
+        """How this replica opens peer sessions on the owners of units."""
         self.sessions.on_ended = lambda live: self.reclaimer.level("sessions", live)
         self.connections.on_level = self.reclaimer.level
         self.screenshot_slots = asyncio.Semaphore(self.config.session.screenshot_concurrency)

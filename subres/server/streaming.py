@@ -11,15 +11,18 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from subres.backends.peer import PeerStream
 from subres.engine.pump import pump
 from subres.engine.stream import ByteStream, Terminal
 from subres.engine.websocket import WebSocketClient
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol.channels import Dialect
-from subres.server import handshake, session
+from subres.server import handshake
+from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.server.subresource import Target
+from subres.sessions import session
+from subres.sessions.target import Target
 
 __all__ = ["negotiate", "serve"]
 
@@ -56,12 +59,18 @@ async def serve(
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
         async with session.hold(
-            state, request, target=target, exclusive=exclusive, preserve=preserve, mode=mode
+            state,
+            request[USER].name,
+            target=target,
+            exclusive=exclusive,
+            preserve=preserve,
+            mode=mode,
+            owner=not isinstance(backend, PeerStream),
         ) as held:
             await ws.prepare(request)
             async with session.live(
                 state,
-                request,
+                who(request),
                 target=target,
                 dialect=dialect.name,
                 client=client,

@@ -8,9 +8,9 @@ after `dial` succeeds may a handler change protocols.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -22,9 +22,13 @@ from subres.backends.stream import BackendUnavailable
 from subres.config import ANY_PORT, ParentSpec, Requirement, SubresourceSpec, field_value
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.server.state import State
+from subres.sessions.target import Target, endpoint_url
+
+if TYPE_CHECKING:
+    from subres.server.state import State
 
 __all__ = [
+    "Backends",
     "Route",
     "Target",
     "checked",
@@ -39,19 +43,31 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Target:
-    """A parent object that passed its checks, and the subresource asked of it."""
+class Backends:
+    """The parents and backends of a `State`, as the sessions domain asks for them."""
 
-    parent: ParentSpec
-    spec: SubresourceSpec
-    namespace: str
-    name: str
-    obj: Mapping[str, Any]
+    def __init__(self, state: State) -> None:
+        self._state = state
 
-    def describe(self) -> str:
-        """`Machine default/vm1`."""
-        return f"{self.parent.kind} {self.namespace}/{self.name}"
+    def objects(self, parent: ParentSpec) -> Iterable[Mapping[str, Any]]:
+        """Every cached object of `parent`'s kind."""
+        cache = self._state.caches.get(parent.resource)
+        return cache.objects() if cache is not None else ()
+
+    def follow(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` whenever a parent cache changes."""
+        for cache in self._state.caches.values():
+            cache.follow(changed)
+
+    def checked(
+        self, parent: ParentSpec, spec: SubresourceSpec, namespace: str, name: str
+    ) -> Target:
+        """The cached parent, checked for `spec`."""
+        return checked(self._state, parent, spec, namespace, name)
+
+    async def connect(self, target: Target, url: str) -> ByteStream:
+        """Vet and dial `url`."""
+        return await connect(self._state, target, url)
 
 
 def resolve(state: State, request: web.Request, subresource: str) -> Target:
@@ -124,21 +140,6 @@ def _check(rules: tuple[Requirement, ...], obj: Mapping[str, Any], described: st
         wanted = " or ".join(map(str, rule.values))
         verdict = f"is {wanted}" if rule.negate else f"is not {wanted}"
         raise StatusError(rule.code, f"{described} {verdict}: {rule.path} is {shown}")
-
-
-def endpoint_url(target: Target) -> str:
-    """The backend URL the parent names for its subresource (400 when it has none)."""
-    try:
-        url = fields.read(target.spec.endpoint, target.obj)
-    except fields.FieldError as exc:
-        raise StatusError(
-            400, f"{target.describe()} has no usable {target.spec.name} endpoint: {exc}"
-        ) from None
-    if not isinstance(url, str) or not url:
-        raise StatusError(
-            400, f"{target.describe()} has no {target.spec.name} ({target.spec.endpoint} is empty)"
-        )
-    return url
 
 
 def forward_url(target: Target, port: int, protocol: str = "tcp") -> str:

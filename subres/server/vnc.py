@@ -5,7 +5,8 @@ display among them (subres asks it to for every viewer: `sessions.viewer`).
 `vnc` is the interactive viewer, validated, dialed and streamed as the
 console is (`streaming`): one per machine, a new one takes over, unless it
 asks `?preserveSession=true`, which is refused with 409 while another is
-live (in cluster mode: while a fresh session Lease is held, by any replica).
+live. The display's owner (`sessions.members`) holds the viewer's slot and
+dials; when that is another replica, this one relays to it (`sessions.peer`).
 `vnc-observe` is a view-only viewer: any number, its input dropped,
 authorized as its own subresource, untouched by takeovers and not counted by
 `preserveSession`.
@@ -15,8 +16,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from subres.server import session, streaming, subresource
+from subres.engine.stream import ByteStream
+from subres.server import streaming, subresource
+from subres.server.middleware import who
 from subres.server.state import State
+from subres.sessions import peer, session
+from subres.sessions.target import key
 from subres.sessions.viewer import GuardedDisplay
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
@@ -43,17 +48,23 @@ async def _view(
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    if preserve and state.sessions.active(session.key(target)):
-        raise session.busy(target)  # without dialing; `session.hold` decides for certain
-    backend = await subresource.connect(state, target, url)
+    mode = session.OBSERVER if view_only else session.VIEWER
+    relayed = await peer.front(state, target, who(request), mode=mode, preserve=preserve, tail=None)
+    if relayed is not None:
+        backend: ByteStream = relayed
+    else:
+        if preserve and state.sessions.active(key(target)):
+            raise session.busy(target)  # without dialing; `session.hold` decides for certain
+        display = await subresource.connect(state, target, url)
+        backend = GuardedDisplay(display, view_only=view_only)
     return await streaming.serve(
         state,
         request,
         target=target,
         ws=ws,
         dialect=dialect,
-        backend=GuardedDisplay(backend, view_only=view_only),
-        exclusive=not view_only,
+        backend=backend,
+        exclusive=relayed is None and not view_only,
         preserve=preserve,
-        mode=session.OBSERVER if view_only else session.VIEWER,
+        mode=mode,
     )

@@ -150,8 +150,15 @@ def issue_agent_serving(ca: KeyPair, *, namespace: str) -> KeyPair:
 
 
 def issue_replica_client(ca: KeyPair) -> KeyPair:
-    """The client certificate replicas present to node agents."""
-    return issue_client(ca, user=REPLICA_IDENTITY, groups=[])
+    """The replicas' certificate: their client identity towards node agents and each other,
+    and their serving certificate on the peer port (CN and DNS name `subres-replica`)."""
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, REPLICA_IDENTITY)])
+    return _issue(
+        ca,
+        subject=subject,
+        usage=[ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
+        sans=[x509.DNSName(REPLICA_IDENTITY)],
+    )
 
 
 def serving_names(service: str, namespace: str) -> tuple[list[str], list[str]]:
@@ -190,7 +197,11 @@ def _write_self_signed(cert_dir: Path, *, service: str, namespace: str) -> None:
 
 
 def _issue(
-    ca: KeyPair, *, subject: x509.Name, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
+    ca: KeyPair,
+    *,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier | list[x509.ObjectIdentifier],
+    sans: list[x509.GeneralName],
 ) -> KeyPair:
     key = _new_key()
     now = _now()
@@ -204,7 +215,9 @@ def _issue(
         .not_valid_after(min(now + LEAF_VALIDITY, ca.cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(cert_sign=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(usage if isinstance(usage, list) else [usage]), critical=False
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),

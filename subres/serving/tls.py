@@ -23,8 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["ReloadingTLS", "peer_certificate"]
+from subres.kube.status import StatusError
+
+__all__ = ["ReloadingTLS", "peer_certificate", "replica_caller"]
 
 logger = logging.getLogger(__name__)
 
@@ -174,3 +177,26 @@ def _stamp(path: Path) -> _Stamp:
     except OSError:
         return None
     return (status.st_mtime_ns, status.st_size, status.st_ino)
+
+
+def replica_caller(transport: asyncio.BaseTransport | None, allowed: frozenset[str]) -> str:
+    """The replica identity of a connection's client certificate (a 401 `StatusError` otherwise).
+
+    The node agent and the replicas' peer port admit only replicas: a client
+    certificate (from the internal CA, which the handshake demanded) meant
+    for client authentication, whose common name is an allowed replica name.
+    """
+    cert = peer_certificate(transport)
+    if cert is None:
+        raise StatusError(401, "a replica's request needs a client certificate")
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    name = str(names[0].value) if names else ""
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        usages = x509.ExtendedKeyUsage([])
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        raise StatusError(401, f"certificate {name!r} is not a client certificate")
+    if name not in allowed:
+        raise StatusError(401, f"certificate {name!r} is not an allowed replica identity")
+    return name

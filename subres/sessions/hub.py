@@ -91,6 +91,7 @@ class Feed:
     __slots__ = (
         "_chunks",
         "_closer",
+        "_code",
         "_cut",
         "_ended",
         "_hub",
@@ -107,6 +108,7 @@ class Feed:
         self._size = 0
         self._ended = False
         self._cut = ""
+        self._code: int = CloseCode.FELL_BEHIND
         self._closer: Closer | None = None
         self._readable: asyncio.Future[None] | None = None
         self._room: asyncio.Future[None] | None = None
@@ -120,7 +122,7 @@ class Feed:
         """The session this feed serves is live; `closer` ends it."""
         self._closer = closer
         if self._cut:
-            closer(CloseCode.FELL_BEHIND, self._cut)
+            closer(self._code, self._cut)
 
     def announce(self, text: bytes) -> None:
         """Put `text` before everything queued (a banner for this client alone)."""
@@ -168,17 +170,18 @@ class Feed:
         _wake(self._readable)
         _wake(self._room)
 
-    def cut(self, reason: str) -> None:
-        """Stop feeding this client and end its session with `reason`."""
+    def cut(self, reason: str, code: int = CloseCode.FELL_BEHIND) -> None:
+        """Stop feeding this client and end its session with `code` and `reason`."""
         if self._cut:
             return
         self._cut = reason
+        self._code = code
         self._chunks.clear()
         self._size = 0
         self._ended = True
         _wake(self._room)
         if self._closer is not None:
-            self._closer(CloseCode.FELL_BEHIND, reason)
+            self._closer(code, reason)
 
     async def read(self) -> bytes:
         """Everything queued, as one chunk; b"" once the console ended.
@@ -370,6 +373,8 @@ class Hub:
         self.scrollback = scrollback
         self.size: TerminalSize | None = None
         """The writer's last window size."""
+        self.notes: list[str] = []
+        """What happened to the console while nobody recorded it, for its next recording."""
         self._feed_limit = feed_limit
         self._on_idle = on_idle
         self._waking: asyncio.TimerHandle | None = None

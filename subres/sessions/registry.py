@@ -14,39 +14,50 @@ session to its claim; `end` unbinds it and `release` gives the slot up.
 Observers are live sessions without a slot: they read a console's `Hub`,
 which outlives any one writer (`hubs`, made on demand, forgotten when idle).
 
-Standalone, the slots are this table alone. In cluster mode a `Shared` lock
-(session Leases, `subres.sessions.leases`) makes them hold across replicas:
-`claim` first writes the Lease, and the lock calls `taken_over` when another
-replica's session took a slot this one held.
+Slots are held only by the replica that owns their unit
+(`sessions.members`); sessions fronted elsewhere hold theirs here through a
+peer session (`sessions.peer`). When the members change, `moved` ends the
+sessions of the units this replica no longer owns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from subres.engine.websocket import CloseCode
 from subres.sessions.hub import Hub
 
-__all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions", "Shared"]
+__all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions"]
 
 
 @dataclass(frozen=True)
 class SessionKey:
-    """Which exclusive session slot: parent resource, subresource, namespace and name."""
+    """Which unit: parent resource, subresource, namespace, name and console.
+
+    A unit is one exclusive session slot, and what one replica owns
+    (`sessions.members`): every replica derives the same owner from it.
+    """
 
     resource: str
     """The parent's resource (`machines`): a Host and a Machine of one name are two slots."""
     subresource: str
     namespace: str
     name: str
+    console: str = ""
+    """Which of the machine's consoles; empty for its one console (and for a display)."""
 
     def __str__(self) -> str:
-        return f"{self.subresource} of {self.namespace}/{self.name}"
+        which = f" {self.console}" if self.console else ""
+        return f"{self.subresource}{which} of {self.namespace}/{self.name}"
+
+    def hashed(self) -> bytes:
+        """The key as bytes for rendezvous hashing: the same on every replica."""
+        parts = (self.resource, self.subresource, self.namespace, self.name, self.console)
+        return "\0".join(parts).encode()
 
 
 class Closable(Protocol):
@@ -88,39 +99,12 @@ class Claim:
     """Whose session this claim took the slot from, when it took one here."""
 
 
-class Shared(Protocol):
-    """Exclusive slots shared with other replicas."""
-
-    def held(self, key: SessionKey) -> bool:
-        """True while a fresh holder (of any replica) holds `key`, as last seen."""
-        ...
-
-    async def acquire(self, claim: Claim, *, preserve: bool) -> None:
-        """Take the slot for `claim`; `Busy` when `preserve` and someone fresh holds it.
-
-        Raises `StatusError` when the replicas cannot be coordinated.
-        """
-        ...
-
-    def release(self, claim: Claim) -> None:
-        """Give the slot up (in the background) unless it was taken since."""
-        ...
-
-    def on_taken_over(self, notify: Callable[[Claim, str], None]) -> None:
-        """Call `notify(claim, user)` when another replica's session of `user` took a slot."""
-        ...
-
-
 @dataclass
 class Sessions:
     """The registry of live sessions and of the claims on exclusive slots."""
 
-    shared: Shared | None = None
-    """Cluster mode's lock across replicas; None standalone."""
     exclusive: dict[SessionKey, Claim] = field(default_factory=dict)
     live: set[LiveSession] = field(default_factory=set)
-    _claiming: dict[SessionKey, int] = field(default_factory=dict)
-    _locks: dict[SessionKey, asyncio.Lock] = field(default_factory=dict)
     hubs: dict[SessionKey, Hub] = field(default_factory=dict)
     """Consoles with observers, a writer that observers may join, or a keeper."""
     on_ended: Callable[[int], None] | None = None
@@ -130,32 +114,24 @@ class Sessions:
 
     def __post_init__(self) -> None:
         self._idle.set()
-        if self.shared is not None:
-            self.shared.on_taken_over(self.taken_over)
 
     def __len__(self) -> int:
         return len(self.live)
 
     def active(self, key: SessionKey) -> bool:
-        """True while a session holds `key`, here or (as last seen) on another replica."""
-        return key in self.exclusive or (self.shared is not None and self.shared.held(key))
+        """True while a session holds `key` (on this replica, which owns it)."""
+        return key in self.exclusive
 
     async def claim(self, key: SessionKey, *, user: str, preserve: bool = False) -> Claim:
         """Take the slot `key` for a new session of `user`, taking it from any holder.
 
         With `preserve`, raise `Busy` instead while another session holds it.
-        Claims of one slot are taken one at a time, so that the table follows
-        the order of the shared lock's writes.
         """
-        async with self._lock(key):
-            if preserve and self.active(key):
-                raise Busy(key)
-            claim = Claim(key, user)
-            if self.shared is not None:
-                await self.shared.acquire(claim, preserve=preserve)
-            previous = self.exclusive.get(key)
-            if claim.lost is None:  # another replica may have taken it already
-                self.exclusive[key] = claim
+        if preserve and self.active(key):
+            raise Busy(key)
+        claim = Claim(key, user)
+        previous = self.exclusive.get(key)
+        self.exclusive[key] = claim
         if previous is not None:
             claim.took_over = previous.user
             self.taken_over(previous, user)
@@ -185,8 +161,6 @@ class Sessions:
         """Give up `claim`'s slot unless another session took it since."""
         if self.exclusive.get(claim.key) is claim:
             del self.exclusive[claim.key]
-        if self.shared is not None:
-            self.shared.release(claim)
 
     def taken_over(self, claim: Claim, by: str) -> None:
         """Another session, of `by`, took `claim`'s slot: close its session, saying so.
@@ -201,6 +175,22 @@ class Sessions:
             del self.exclusive[claim.key]
         if claim.session is not None:
             self._close(claim.session, CloseCode.TAKEN_OVER, claim.lost)
+
+    def moved(self, mine: Callable[[SessionKey], bool], reason: str) -> None:
+        """The members changed: end (1001) every session on a unit this replica no longer owns.
+
+        Their clients reconnect, through whichever replica, to the new owner.
+        """
+        for key, claim in list(self.exclusive.items()):
+            if not mine(key) and claim.lost is None:
+                claim.lost = reason
+                del self.exclusive[key]
+                if claim.session is not None:
+                    self._close(claim.session, CloseCode.GOING_AWAY, reason)
+        for key, hub in list(self.hubs.items()):
+            if not mine(key):
+                for feed in list(hub.feeds):
+                    feed.cut(reason, code=CloseCode.GOING_AWAY)
 
     def hub(self, key: SessionKey, *, feed_limit: int) -> Hub:
         """The console `key`'s hub, made when first asked for and forgotten when idle.
@@ -241,15 +231,3 @@ class Sessions:
         task = asyncio.create_task(session.close(code, reason))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-
-    @asynccontextmanager
-    async def _lock(self, key: SessionKey) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        self._claiming[key] = self._claiming.get(key, 0) + 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._claiming[key] -= 1
-            if not self._claiming[key]:
-                del self._claiming[key], self._locks[key]

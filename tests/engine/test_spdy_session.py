@@ -20,8 +20,8 @@ from subres.protocol.spdy import (
     StreamReset,
 )
 from subres.server import portforward_spdy
-from tests.server.kubepeer import machine_path, pf_machine
 from tests.engine.spdyclient import SpdyClient
+from tests.server.kubepeer import machine_path, pf_machine
 from tests.support import Backend, Standalone, open_fds, start_standalone, wait_for
 
 PF = "portforward.k8s.io"

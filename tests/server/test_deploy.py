@@ -89,10 +89,10 @@ def test_the_kubelet_waits_longer_than_the_server_drains() -> None:
     assert "lifecycle" not in container
 
 
-def test_the_server_may_keep_session_leases_in_its_own_namespace() -> None:
+def test_only_the_server_may_write_leases_in_its_namespace() -> None:
     docs = documents()
-    role = docs[("Role", "subres:session-leases")]
-    binding = docs[("RoleBinding", "subres:session-leases")]
+    role = docs[("Role", "subres:replica-leases")]
+    binding = docs[("RoleBinding", "subres:replica-leases")]
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "subres-system"
     [rule] = role["rules"]
     assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
@@ -100,11 +100,37 @@ def test_the_server_may_keep_session_leases_in_its_own_namespace() -> None:
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
-        "name": "subres:session-leases",
+        "name": "subres:replica-leases",
     }
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "subres", "namespace": "subres-system"}
     ]
+    # A forged membership Lease is a threat only to those who may write one: nothing else
+    # in deploy/ grants Lease writes (or a wildcard) to anyone.
+    for (kind, name), doc in docs.items():
+        if kind not in ("Role", "ClusterRole") or name == "subres:replica-leases":
+            continue
+        for other in doc.get("rules") or ():
+            groups, resources = other.get("apiGroups", []), other.get("resources", [])
+            writes = set(other.get("verbs", [])) & {"create", "update", "patch", "*"}
+            assert not (
+                {"coordination.k8s.io", "*"} & set(groups)
+                and {"leases", "*"} & set(resources)
+                and writes
+            ), f"{kind} {name} grants Lease writes"
+
+
+def test_replica_pods_carry_the_replica_selector_and_the_peer_port() -> None:
+    deployment = documents()[("Deployment", "subres")]
+    pod = deployment["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options, _ = parser.parse_known_args(container["args"][1:])
+    wanted = dict(pair.split("=") for pair in options.replica_selector.split(","))
+    assert wanted.items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--peer-port={ports['peer']}" in container["args"]
 
 
 def test_editors_get_the_interactive_subresources_and_screenshots_stay_opt_in() -> None:

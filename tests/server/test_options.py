@@ -1,4 +1,4 @@
-"""`subres serve` flags for drain and session Leases: parsed as durations, checked together."""
+"""`subres serve` flags for drain and membership: parsed as durations, checked together."""
 
 from __future__ import annotations
 
@@ -18,18 +18,18 @@ def options(*argv: str) -> Options:
 def test_drain_and_lease_defaults() -> None:
     parsed = options()
     assert (parsed.shutdown_delay, parsed.shutdown_grace) == (0.0, 5.0)
-    assert (parsed.lease_duration, parsed.lease_renew_interval) == (30.0, 10.0)
-    assert parsed.lease_namespace == parsed.replica_name == ""
+    assert (parsed.member_duration, parsed.member_renew, parsed.peer_port) == (6.0, 2.0, 8445)
+    assert parsed.replica_name == ""
     assert parsed.validate() == []
 
 
 def test_durations_read_as_kube_spells_them() -> None:
     parsed = options(
-        "--shutdown-delay=1m30s", "--shutdown-grace=500ms", "--lease-duration=1m",
-        "--lease-renew-interval=20s",
+        "--shutdown-delay=1m30s", "--shutdown-grace=500ms", "--member-duration=1m",
+        "--member-renew=20s",
     )  # fmt: skip
     assert (parsed.shutdown_delay, parsed.shutdown_grace) == (90.0, 0.5)
-    assert (parsed.lease_duration, parsed.lease_renew_interval) == (60.0, 20.0)
+    assert (parsed.member_duration, parsed.member_renew) == (60.0, 20.0)
     assert parsed.validate() == []
 
 
@@ -37,10 +37,10 @@ def test_durations_read_as_kube_spells_them() -> None:
     ("argv", "problem"),
     [
         (["--shutdown-delay=-1"], "--shutdown-delay must not be negative"),
-        (["--lease-duration=1.5s"], "--lease-duration must be a whole number of seconds"),
-        (["--lease-duration=0s"], "--lease-duration must be a whole number of seconds"),
-        (["--lease-renew-interval=30s"], "--lease-renew-interval must be above 0 and below"),
-        (["--lease-renew-interval=0"], "--lease-renew-interval must be above 0 and below"),
+        (["--member-duration=1.5s"], "--member-duration must be a whole number of seconds"),
+        (["--member-duration=0s"], "--member-duration must be a whole number of seconds"),
+        (["--member-renew=3s"], "--member-renew must be above 0 and at most a third"),
+        (["--member-renew=0"], "--member-renew must be above 0 and at most a third"),
     ],
 )
 def test_bad_values_are_named(argv: list[str], problem: str) -> None:

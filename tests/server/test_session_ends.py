@@ -194,7 +194,7 @@ async def test_session_end_is_logged_and_counted(
     backend = await Backend().start_tcp()
     try:
         async with start_standalone(tmp_path, machine("vm1", console=backend.url)) as subres:
-            caplog.set_level(logging.INFO, logger="subres.server.session")
+            caplog.set_level(logging.INFO, logger="subres.sessions.session")
             async with subres.websocket(subres.url("vm1"), "v5.channel.k8s.io") as conn:
                 await conn.send(b"\x00" + b"x" * 1000)
                 received = 0

@@ -20,8 +20,8 @@ from subres.backends import stream as sockets
 from subres.backends.stream import SocketStream
 from subres.protocol.channels import TerminalSize
 from subres.protocol.spdy import DataReceived, StreamReplied
-from tests.server.kubepeer import machine_path, pf_machine, run_exec
 from tests.engine.spdyclient import SpdyClient
+from tests.server.kubepeer import machine_path, pf_machine, run_exec
 from tests.support import Backend, Standalone, start_standalone
 
 

@@ -3,19 +3,21 @@
 Every handler runs its live part inside `live(...)`, after the upgrade; a
 console or vnc session first enters `hold(...)`, before the upgrade:
 
-    async with session.hold(state, request, target=..., exclusive=True, mode=...) as held:
+    async with session.hold(runtime, user, target=..., exclusive=True, mode=...) as held:
         ...upgrade...
-        async with session.live(state, request, target=..., dialect=..., client=...,
+        async with session.live(runtime, who, target=..., dialect=..., client=...,
                                 held=held) as s:
             await s.run(pump(client, backend, s.record.traffic))
 
 Holding takes an exclusive slot over from its predecessor, which is closed
-with 4001 naming the new user, here or (cluster mode, through session
-Leases) on another replica, and joins the console's or display's recording
-when it is recorded (starting it for the first session). It comes before
-the upgrade because both can fail (409 for `preserveSession`, 503 when the
-replicas cannot be coordinated or a required recording cannot start), and
-the client must get that as a `Status`; leaving it gives both up. Entering
+with 4001 naming the new user, and joins the console's or display's
+recording when it is recorded (starting it for the first session). Slots and
+recordings are held by the replica that owns the unit (`sessions.members`);
+a session fronted by another replica holds them there, through a peer
+session (`sessions.peer`, which holds with `owner=False` here). It comes
+before the upgrade because both can fail (409 for `preserveSession`, 503
+when a required recording cannot start), and the client must get that as a
+`Status`; leaving it gives both up. Entering
 `live` registers the session and counts it; `run` awaits the work and keeps
 its outcome, or that the client's connection was lost (aiohttp then cancels
 the handler, and the work stops both directions as it unwinds); leaving
@@ -42,17 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
-from subres.server.middleware import USER
-from subres.server.state import State
-from subres.server.subresource import Target
 from subres.sessions import events, recordings
 from subres.sessions.recorder import Recorder
 from subres.sessions.recordings import Recording, RecordingUnavailable, Seat
-from subres.sessions.registry import Busy, Claim, Closable, SessionKey
+from subres.sessions.registry import Busy, Claim, Closable
+from subres.sessions.runtime import Runtime, Who
+from subres.sessions.target import Target, key
 
 __all__ = [
     "FORWARDER",
@@ -64,8 +63,8 @@ __all__ = [
     "Record",
     "busy",
     "hold",
-    "key",
     "live",
+    "record",
 ]
 
 log = logging.getLogger(__name__)
@@ -147,7 +146,7 @@ class Live:
 
     def __init__(
         self,
-        state: State,
+        state: Runtime,
         record: Record,
         client: Closable,
         *,
@@ -179,6 +178,8 @@ class Live:
             attached(self._close_later)
         if self.seat is not None:
             self._recorded(self.seat)
+        if getattr(self.backend, "recorded", False) is True:
+            self.record.recorded = True  # by the replica that owns the console
         fields = self.record.fields()
         self.state.audit.started(fields)
         self._event(events.opened(fields))
@@ -247,20 +248,22 @@ class Hold:
 
     def __init__(
         self,
-        state: State,
-        request: web.Request,
+        state: Runtime,
+        user: str,
         target: Target,
         *,
         exclusive: bool,
         preserve: bool,
         mode: str,
+        owner: bool,
     ) -> None:
         self.state = state
-        self.request = request
+        self.user = user
         self.target = target
         self.exclusive = exclusive
         self.preserve = preserve
         self.mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
+        self.owner = owner
         self.claim: Claim | None = None
         self.seat: Seat | None = None
 
@@ -268,12 +271,12 @@ class Hold:
         if self.exclusive:
             try:
                 self.claim = await self.state.sessions.claim(
-                    key(self.target), user=self.request[USER].name, preserve=self.preserve
+                    key(self.target), user=self.user, preserve=self.preserve
                 )
             except Busy:
                 raise busy(self.target) from None
         try:
-            self.seat = await self._join()
+            self.seat = await self._join() if self.owner else None
         except BaseException:
             self._release()
             raise
@@ -285,19 +288,18 @@ class Hold:
         target, recordings = self.target, self.state.recordings
         if not recordings.wanted(target.spec, target.obj):
             return None
-        user = self.request[USER].name
         try:
             seat = await recordings.join(
                 key(target),
                 start=self._start,
-                who=f"{user} ({self.mode})",
+                who=f"{self.user} ({self.mode})",
                 what=f"{target.describe()} {target.spec.name}",
                 required=target.spec.record == "required",
             )
         except RecordingUnavailable as exc:
             raise StatusError(503, str(exc)) from None
         if seat is not None and self.claim is not None and self.claim.took_over:
-            recordings.marker(seat, f"{user} took over from {self.claim.took_over}")
+            recordings.marker(seat, f"{self.user} took over from {self.claim.took_over}")
         return seat
 
     async def _start(self, path: Path) -> Recording:
@@ -315,22 +317,27 @@ class Hold:
         )
         hub.add_sink(recorder)
         if hub.scrollback is not None:
+            # What a kept console replays to the first to attach is part of what they saw.
             recorder.output(hub.scrollback.tail())
+        for note in hub.notes:
+            recorder.marker(note)
+        hub.notes.clear()
         return recorder
 
     async def __aexit__(self, *_: object) -> None:
+        self.leave()
+
+    def leave(self) -> None:
+        """Give up the place in the recording, then the slot."""
         if self.seat is not None:
             self.seat.leave()
+            self.seat = None
         self._release()
 
     def _release(self) -> None:
         if self.claim is not None:
             self.state.sessions.release(self.claim)
-
-
-def key(target: Target) -> SessionKey:
-    """The exclusive slot of `target`'s subresource."""
-    return SessionKey(target.parent.resource, target.spec.name, target.namespace, target.name)
+            self.claim = None
 
 
 def busy(target: Target) -> StatusError:
@@ -343,25 +350,51 @@ def busy(target: Target) -> StatusError:
 
 
 def hold(
-    state: State,
-    request: web.Request,
+    state: Runtime,
+    user: str,
     *,
     target: Target,
     exclusive: bool,
     preserve: bool = False,
     mode: str = "",
+    owner: bool = True,
 ) -> Hold:
     """The session's exclusive slot (when `exclusive`) and its place in the recording, to
     enter before the upgrade (see the module docstring).
 
     With `preserve`, a slot another session holds is a 409 instead of a takeover.
+    `owner` False: another replica owns the unit and records the session.
     """
-    return Hold(state, request, target, exclusive=exclusive, preserve=preserve, mode=mode)
+    return Hold(
+        state,
+        user,
+        target,
+        exclusive=exclusive,
+        preserve=preserve,
+        mode=mode,
+        owner=owner,
+    )
+
+
+def record(target: Target, who: Who, *, dialect: str, mode: str = "") -> Record:
+    """A new session's `Record`; `mode` defaults to the subresource's interactive one."""
+    return Record(
+        subresource=target.spec.name,
+        mode=mode or DEFAULT_MODES.get(target.spec.name, WRITER),
+        dialect=dialect or "raw",
+        kind=target.parent.kind,
+        namespace=target.namespace,
+        name=target.name,
+        user=who.user,
+        groups=who.groups,
+        client=who.client,
+        request_id=who.request_id,
+    )
 
 
 def live(
-    state: State,
-    request: web.Request,
+    state: Runtime,
+    who: Who,
     *,
     target: Target,
     dialect: str,
@@ -375,31 +408,18 @@ def live(
     `mode` defaults to the subresource's interactive one. A `backend` with an
     `attached(closer)` method is given a way to close this session.
     """
-    user = request[USER]
-    record = Record(
-        subresource=target.spec.name,
-        mode=mode or DEFAULT_MODES.get(target.spec.name, WRITER),
-        dialect=dialect or "raw",
-        kind=target.parent.kind,
-        namespace=target.namespace,
-        name=target.name,
-        user=user.name,
-        groups=tuple(user.groups),
-        client=request.remote or "",
-        request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
-    )
     return Live(
         state,
-        record,
+        record(target, who, dialect=dialect, mode=mode),
         client,
         held=held,
-        transport=request.transport,
+        transport=who.transport,
         target=target,
         backend=backend,
     )
 
 
-def _report(state: State, record: Record) -> None:
+def _report(state: Runtime, record: Record) -> None:
     ending = record.outcome.ending.value if record.outcome else Ending.ERROR.value
     seconds = (record.ended or record.started) - record.started
     state.metrics.session_ended(

@@ -1,4 +1,4 @@
-"""Which byte stream a console session pumps: its own backend, or a share of the console.
+"""Which byte stream a console session pumps on the replica that owns the console.
 
 A writer dials the machine's console, and its output also goes to the
 console's hub (`sessions.hub.Tee`), where observers read it; a kept console's
@@ -11,23 +11,14 @@ from __future__ import annotations
 
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.server import subresource
-from subres.server.session import key
-from subres.server.state import State
-from subres.server.subresource import Target
 from subres.sessions.hub import Feed, Hub, KeptPort, Tee
-from subres.sessions.registry import SessionKey
+from subres.sessions.runtime import Runtime
+from subres.sessions.target import Target, key
 
-__all__ = ["hub", "keeper_key", "key", "observe", "write"]
-
-
-def keeper_key(target: Target) -> SessionKey:
-    """The slot of whoever keeps `target`'s console (which replica, in cluster mode)."""
-    console = key(target)
-    return SessionKey(console.resource, "console-keeper", console.namespace, console.name)
+__all__ = ["hub", "observe", "write"]
 
 
-async def write(state: State, target: Target, url: str, *, tail: int | None) -> ByteStream:
+async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -> ByteStream:
     """The writer's backend: the kept connection, or one dialed (before any upgrade)."""
     kept = state.sessions.hubs.get(key(target))
     if kept is not None and kept.keeper is not None:
@@ -36,17 +27,15 @@ async def write(state: State, target: Target, url: str, *, tail: int | None) -> 
                 503, f"{target.describe()}: the kept console is not connected: {kept.keeper.status}"
             )
         return KeptPort(kept, kept.keeper, tail=tail)
-    if state.sessions.active(keeper_key(target)):
-        raise StatusError(503, f"{target.describe()}: another replica keeps this console")
-    backend = await subresource.connect(state, target, url)
+    backend = await state.backends.connect(target, url)
     return Tee(backend, hub(state, target))
 
 
-def observe(state: State, target: Target, *, tail: int | None) -> Feed:
+def observe(state: Runtime, target: Target, *, tail: int | None) -> Feed:
     """An observer's share of the console."""
     return hub(state, target).attach(tail=tail)
 
 
-def hub(state: State, target: Target) -> Hub:
+def hub(state: Runtime, target: Target) -> Hub:
     """`target`'s console hub."""
     return state.sessions.hub(key(target), feed_limit=state.config.session.observer_backlog)

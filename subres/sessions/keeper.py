@@ -17,13 +17,11 @@ Memory per kept console: its scrollback (at most `consoles.scrollback`), one
 backend connection and one task; `tests/bench/bench_console.py` measures it.
 At most `consoles.maxKept` consoles are kept (by namespace and name order).
 
-Which replica keeps a console is an exclusive session slot of its own
-(`console-keeper`), claimed as `preserveSession` would: a replica takes it
-only while no other holds it. Standalone that is this replica's table; in
-cluster mode it is a session Lease, so exactly one replica keeps a console,
-and when that replica dies, another takes its place once the Lease expired.
-A replica that does not keep a console answers its writers 503 naming the
-holder (its observers see nothing of it).
+The replica that owns a console (`sessions.members`) keeps it; the others
+relay its writers and observers there. When the members change, each replica
+keeps what it owns now and lets go of the rest (a replica that just joined
+waits until it settled); a console whose owner was lost is noted in its next
+recording.
 """
 
 from __future__ import annotations
@@ -35,13 +33,15 @@ from collections.abc import Mapping
 
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.server import sharing, subresource
-from subres.server.state import State
-from subres.server.subresource import Target
-from subres.sessions.registry import Busy, Claim, SessionKey
+from subres.sessions import sharing
+from subres.sessions import target as targets
+from subres.sessions.members import rendezvous
+from subres.sessions.registry import SessionKey
+from subres.sessions.runtime import Runtime
 from subres.sessions.scrollback import Scrollback
+from subres.sessions.target import Target, endpoint_url
 
-__all__ = ["KEEPER", "Keeper", "KeptConsole"]
+__all__ = ["Keeper", "KeptConsole"]
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +51,13 @@ LAST_RETRY = 30.0
 """...up to this."""
 STEADY = 60.0
 """A connection that lasted this many seconds starts the next retries from the first."""
-CLAIM_RETRY = 2.0
-"""Seconds between attempts to keep a console another replica keeps."""
-KEEPER = "keeper"
-"""The user a keeper's slot is held by (named to whoever it is taken from)."""
 
 
 class KeptConsole:
     """One kept console: its connection, dialed again whenever it ends, read into its hub."""
 
-    def __init__(self, state: State, target: Target) -> None:
-        self.key = sharing.key(target)
-        self.slot = sharing.keeper_key(target)
-        """Who keeps the console: an exclusive slot (a Lease in cluster mode)."""
+    def __init__(self, state: Runtime, target: Target) -> None:
+        self.key = targets.key(target)
         self.target = target
         """The parent as last seen (kept up to date while its endpoint stays the same)."""
         self.url = subresource_url(target)
@@ -85,61 +79,25 @@ class KeptConsole:
         self.task.cancel()
         await asyncio.wait([self.task])
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        """The slot was taken (another replica keeps the console now): let the connection go."""
-        log.info("%s: %s", self.key, reason)
-        if self._backend is not None:
-            await self._backend.close()
-
-    def drop(self) -> None:
-        """Nothing to drop at once: `close` lets the connection go."""
-
     async def _run(self) -> None:
+        """Keep the console connected, dialing again with backoff, until stopped."""
+        retry = FIRST_RETRY
         try:
             while True:
-                claim = await self._claim()
-                try:
-                    await self._keep_while(claim)
-                finally:
-                    self._state.sessions.release(claim)
+                started = asyncio.get_running_loop().time()
+                await self._keep()
+                if asyncio.get_running_loop().time() - started > STEADY:
+                    retry = FIRST_RETRY
+                # Backoff between dials, not synchronisation: nothing signals a console's return.
+                await asyncio.sleep(retry * random.uniform(0.8, 1.2))
+                retry = min(retry * 2, LAST_RETRY)
         finally:
             self.hub.unkeep(self)
-
-    async def _claim(self) -> Claim:
-        """The slot, once no other replica holds it."""
-        while True:
-            try:
-                claim = await self._state.sessions.claim(self.slot, user=KEEPER, preserve=True)
-            except Busy:
-                self.status = "another replica keeps it"
-            except StatusError as exc:
-                self.status = exc.message
-            else:
-                claim.session = self  # taken over: `close`
-                return claim
-            # Another replica's Lease: nothing here signals that it expired.
-            await asyncio.sleep(CLAIM_RETRY * random.uniform(0.8, 1.2))
-
-    async def _keep_while(self, claim: Claim) -> None:
-        """Keep the console connected, dialing again with backoff, until the slot is lost."""
-        retry = FIRST_RETRY
-        while claim.lost is None:
-            started = asyncio.get_running_loop().time()
-            await self._keep()
-            if claim.lost is not None:
-                return
-            if asyncio.get_running_loop().time() - started > STEADY:
-                retry = FIRST_RETRY
-            # Backoff between dials, not synchronisation: nothing signals a console's return.
-            await asyncio.sleep(retry * random.uniform(0.8, 1.2))
-            retry = min(retry * 2, LAST_RETRY)
 
     async def _keep(self) -> None:
         """Dial once and relay until the connection ends."""
         try:
-            backend = await subresource.connect(
-                self._state, self.target, subresource.endpoint_url(self.target)
-            )
+            backend = await self._state.backends.connect(self.target, endpoint_url(self.target))
         except StatusError as exc:
             self.status = exc.message
             log.info("%s: not kept for now: %s", self.key, exc.message)
@@ -170,7 +128,7 @@ class KeptConsole:
 class Keeper:
     """Keeps the consoles that opt in, following the parent caches."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: Runtime) -> None:
         self._state = state
         self.consoles: dict[SessionKey, KeptConsole] = {}
         self._dirty = asyncio.Event()
@@ -185,8 +143,8 @@ class Keeper:
             # Standalone mode fills its caches from a worker thread.
             loop.call_soon_threadsafe(self._dirty.set)
 
-        for cache in self._state.caches.values():
-            cache.follow(changed)
+        self._state.backends.follow(changed)
+        self._state.owners.on_change(self._moved)
         self._dirty.set()
         self._task = asyncio.create_task(self._follow(), name="keeper")
 
@@ -204,6 +162,19 @@ class Keeper:
             self._dirty.clear()
             await self.reconcile()
 
+    def _moved(self, previous: tuple[str, ...]) -> None:
+        """The members changed: note the consoles of a lost owner that are this replica's now."""
+        owners = self._state.owners
+        if owners.lost:
+            for unit, target in self._wanted().items():
+                was = rendezvous(unit, previous)
+                if unit not in self.consoles and was in owners.lost:
+                    sharing.hub(self._state, target).notes.append(
+                        f"the replica {was} that kept this console was lost; "
+                        f"{owners.replica} keeps it now"
+                    )
+        self._dirty.set()
+
     async def reconcile(self) -> None:
         """Keep what opts in now, let go of the rest; a changed endpoint is dialed anew."""
         wanted = self._wanted()
@@ -220,25 +191,30 @@ class Keeper:
                 self.consoles[key] = KeptConsole(self._state, target)
 
     def _wanted(self) -> dict[SessionKey, Target]:
+        """The consoles this replica keeps: those that opt in, pass their checks, are its own."""
         limits = self._state.config.consoles
+        owners = self._state.owners
         wanted: dict[SessionKey, Target] = {}
+        if not owners.settled:
+            return wanted
         for parent in self._state.config.parents:
             spec = parent.subresources.get("console")
-            cache = self._state.caches.get(parent.resource)
-            if spec is None or spec.keep == "never" or cache is None:
+            if spec is None or spec.keep == "never":
                 continue
-            for obj in sorted(cache.objects(), key=_name):
+            for obj in sorted(self._state.backends.objects(parent), key=_name):
                 if not spec.opted_in(spec.keep, obj, limits.keep_annotation):
                     continue
                 namespace, name = _name(obj)
                 try:
-                    target = subresource.checked(self._state, parent, spec, namespace, name)
+                    target = self._state.backends.checked(parent, spec, namespace, name)
                 except StatusError:
+                    continue
+                if not owners.mine(targets.key(target)):
                     continue
                 if len(wanted) >= limits.max_kept:
                     self._warn(limits.max_kept)
                     return wanted
-                wanted[sharing.key(target)] = target
+                wanted[targets.key(target)] = target
         return wanted
 
     def _warn(self, limit: int) -> None:
@@ -250,7 +226,7 @@ class Keeper:
 def subresource_url(target: Target) -> str:
     """The endpoint `target` names, or "" when it names none."""
     try:
-        return subresource.endpoint_url(target)
+        return endpoint_url(target)
     except StatusError:
         return ""
 

@@ -1,0 +1,174 @@
+"""Another replica, reached over mutual TLS: the front's side of a peer session.
+
+A replica that fronts a session for a unit another replica owns asks the
+owner for a *peer session* (`subres-peer.v1`, see `sessions.peer` for the
+headers) and gets back a `PeerStream`: the `ByteStream` every session pumps,
+built on the agent relay's client (`backends.agent`). Besides bytes it
+carries a console's window size (`resize`, a RESIZE frame) and, from the
+owner, how the session ended for its client (a CLOSE frame, handed to the
+closer the session gave `attached`). A connection lost without EOF, ERROR
+or CLOSE means the owner was lost: the client is closed with 1001.
+
+The replica's certificate (`subres certs`' `replica.*`) serves as client
+here and as server on the peer port; both sides check the other's against
+the internal CA and the replica name.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import h11
+
+from subres.backends.agent import ClientTLS, RelayStream, Request, open_relay
+from subres.backends.stream import BackendUnavailable, SocketStream
+from subres.protocol import relay
+from subres.protocol.channels import TerminalSize
+
+__all__ = ["GOING_AWAY", "UPGRADE", "PeerRefused", "PeerStream", "Peers"]
+
+UPGRADE = "subres-peer.v1"
+PATH = "/peer/v1/session"
+GOING_AWAY = 1001
+"""The close code of a session whose owner moved or was lost: reconnect."""
+
+Closer = Callable[[int, str], None]
+
+
+class PeerRefused(BackendUnavailable):
+    """The owner answered with a Status (or could not be reached: 503); `code` is passed on."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PeerStream(RelayStream):
+    """A session relayed to the replica that owns its unit."""
+
+    __slots__ = ("_closer", "_ended", "owner")
+
+    def __init__(self, *, owner: str, high_water: int, write_timeout: float) -> None:
+        super().__init__(
+            high_water=high_water,
+            write_timeout=write_timeout,
+            lost=f"the replica {owner} owning this console was lost",
+            peer=True,
+        )
+        self.owner = owner
+        self._closer: Closer | None = None
+        self._ended: tuple[int, str] | None = None
+
+    @property
+    def recorded(self) -> bool:
+        """The owner records the session."""
+        return self.answer_headers.get("subres-recorded") == "true"
+
+    def attached(self, closer: Closer) -> None:
+        """How to close the session's client: with the owner's CLOSE, or 1001 when it is lost."""
+        self._closer = closer
+        if self._ended is not None:
+            closer(*self._ended)
+
+    def resize(self, size: TerminalSize) -> None:
+        """The client's window changed size: tell the owner."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(relay.resize(size.width, size.height))
+
+    def control(self, event: relay.ResizeReceived | relay.CloseReceived) -> None:
+        """The owner ended the session (a takeover, a move): close the client so."""
+        if isinstance(event, relay.CloseReceived):
+            self._end(event.code, event.reason)
+            SocketStream.eof_received(self)  # the relay's own waits for the connection's end
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Lost without a goodbye: the owner died or moved; the client should reconnect."""
+        if not self._eof and self._ended is None and self.answer_headers:
+            self._end(GOING_AWAY, f"the replica {self.owner} owning this console was lost")
+        super().connection_lost(exc)
+
+    def _end(self, code: int, reason: str) -> None:
+        if self._ended is None:
+            self._ended = (code, reason)
+            if self._closer is not None:
+                self._closer(code, reason)
+
+    def refusal(self, status: int, body: bytes) -> Exception:
+        """The owner's Status, passed on with its code."""
+        message = ""
+        try:
+            decoded = json.loads(body)
+            if isinstance(decoded, dict):
+                message = str(decoded.get("message") or "")
+        except ValueError:
+            pass
+        return PeerRefused(message or f"the replica {self.owner} answered {status}", status)
+
+
+@dataclass(frozen=True)
+class Peers:
+    """How this replica reaches the others: their address and the replica certificate."""
+
+    tls: ClientTLS | None
+    """None without a replica certificate: only this replica's own units can be served."""
+    connect_timeout: float
+    read_size: int
+    write_timeout: float
+
+    async def open(
+        self, owner: str, address: tuple[str, int], headers: Sequence[tuple[str, str]]
+    ) -> PeerStream:
+        """A peer session on `owner` at `address` (`PeerRefused` with the owner's code)."""
+        if self.tls is None:
+            raise PeerRefused(
+                f"the replica {owner} owns this unit, and this replica has no replica "
+                "certificate to reach it (--agent-client-cert-file)",
+                503,
+            )
+        where = f"the replica {owner} at {address[0]}:{address[1]}"
+        try:
+            return await open_relay(
+                lambda: PeerStream(
+                    owner=owner, high_water=4 * self.read_size, write_timeout=self.write_timeout
+                ),
+                address,
+                context=self.tls.context(),
+                server_name=self.tls.server_name,
+                connect_timeout=self.connect_timeout,
+                request=Request(PATH, UPGRADE, "subres-replica", list(headers)),
+            )
+        except PeerRefused:
+            raise
+        except TimeoutError:
+            message = f"{where}, which owns this unit, did not answer within "
+            raise PeerRefused(f"{message}{self.connect_timeout:g}s", 503) from None
+        except (OSError, ssl.SSLError, h11.ProtocolError, ValueError, BackendUnavailable) as exc:
+            raise PeerRefused(f"cannot reach {where}, which owns this unit: {exc}", 503) from None
+
+    async def get(self, address: tuple[str, int], path: str, *, limit: int) -> tuple[int, bytes]:
+        """GET `path` of the replica at `address`: its status and body (at most `limit` bytes).
+
+        Raises `OSError` (or `TimeoutError`) when it cannot be asked; the
+        caller bounds the time.
+        """
+        if self.tls is None:
+            raise OSError("this replica has no replica certificate to reach the others")
+        host, port = address
+        url = f"https://{f'[{host}]' if ':' in host else host}:{port}{path}"
+        try:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(
+                    url, ssl=self.tls.context(), server_hostname=self.tls.server_name
+                ) as response,
+            ):
+                body = await response.content.read(limit + 1)
+                if len(body) > limit:
+                    raise OSError(f"the answer of {url} is larger than {limit} bytes")
+                return response.status, body
+        except aiohttp.ClientError as exc:
+            raise OSError(str(exc)) from None

@@ -1,0 +1,88 @@
+"""The peer port (`--peer-port`): what replicas ask of each other, over mutual TLS.
+
+Only replicas get in: the handshake demands a client certificate from the
+internal CA, and `serving.tls.replica_caller` checks it names a replica.
+
+- `POST /peer/v1/session` (`Upgrade: subres-peer.v1`): a session fronted by
+  the caller, served here because this replica owns its unit
+  (`sessions.peer`).
+- `GET /peer/v1/sessions`: the sessions this replica fronts, as `Session`
+  objects (`sessionlist` merges every replica's).
+- `GET /peer/v1/recordings/{resource}/{namespace}/{name}` and `…/{file}`: this
+  replica's recordings of a machine (`recordinglist` merges them).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
+
+from subres.backends.peer import UPGRADE
+from subres.engine import upgrade
+from subres.kube.status import StatusError
+from subres.server import recordinglist, sessionlist
+from subres.server.state import State
+from subres.serving import certs, errors
+from subres.serving.tls import replica_caller
+from subres.sessions import peer
+
+__all__ = ["REPLICA_NAME", "build"]
+
+log = logging.getLogger(__name__)
+
+REPLICA_NAME = certs.REPLICA_IDENTITY
+"""The name in every replica certificate (`subres certs`): its CN, and its DNS name as server."""
+
+
+def build(state: State) -> web.Application:
+    """The peer application."""
+    app = web.Application(middlewares=[errors.errors, _replicas_only])
+    app.router.add_post("/peer/v1/session", lambda r: _session(state, r))
+    app.router.add_get("/peer/v1/sessions", lambda r: sessionlist.fronted(state, r))
+    recordings = "/peer/v1/recordings/{resource}/{namespace}/{name}"
+    app.router.add_get(recordings, lambda r: recordinglist.local_listing(state, r))
+    app.router.add_get(recordings + "/{file}", lambda r: recordinglist.local_one(state, r))
+    return app
+
+
+@web.middleware
+async def _replicas_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    replica_caller(request.transport, frozenset({REPLICA_NAME}))
+    return await handler(request)
+
+
+async def _session(state: State, request: web.Request) -> web.StreamResponse:
+    """Serve a session another replica fronts: prepare, answer 101, relay to its end."""
+    if request.headers.get(hdrs.UPGRADE, "").lower() != UPGRADE:
+        raise StatusError(400, f"a peer session needs `Upgrade: {UPGRADE}`")
+    one = {name: request.headers.get(name, "") for name in _HEADERS if name in request.headers}
+    ask = peer.parse(one, request.headers.getall("Subres-Group", []))
+    prepared = await peer.prepare(state, ask)
+    headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
+    if prepared.held.seat is not None:
+        headers.append(("Subres-Recorded", "true"))
+    try:
+        response, carrier = await upgrade.upgrade(request, headers)
+    except BaseException:
+        peer.release(state, prepared)
+        await prepared.backend.close()
+        raise
+    if request.transport is not None:
+        # As the agent relay does: a few frames in flight rather than a pause per frame.
+        request.transport.set_write_buffer_limits(high=4 * state.config.session.read_size)
+    await peer.serve(state, prepared, carrier)
+    return response
+
+
+_HEADERS = (
+    "Subres-Unit",
+    "Subres-Mode",
+    "Subres-User",
+    "Subres-Client",
+    "Subres-Request-Id",
+    "Subres-Front",
+    "Subres-Preserve",
+    "Subres-Tail",
+)

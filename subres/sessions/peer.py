@@ -1,0 +1,365 @@
+"""Peer sessions: a session fronted by one replica and served by the owner of its unit.
+
+The front (the replica kube-apiserver chose) has authenticated and
+authorized the client, found and checked the parent and negotiated the
+dialect. When another replica owns the unit (`sessions.members`), the front
+asks it for a peer session (`front`); the owner checks that it owns the
+unit, finds the parent in its own cache, claims the slot (takeover, 409) and
+dials or attaches as a session of its own would (`prepare`), answers 101
+and relays (`serve`). The request carries, as headers:
+
+    Subres-Unit: machines/console/default/vm1[/console name]
+    Subres-Mode: writer | observer | viewer
+    Subres-User, Subres-Group (repeated), Subres-Client, Subres-Request-Id
+    Subres-Front: the front replica's name
+    Subres-Preserve: true     (preserveSession)
+    Subres-Tail: N            (?tail=N)
+
+A refusal is the owner's `Status`, which the front answers its client before
+its own upgrade; 421 means "not the owner" (the views of the members
+differ for a moment), on which the front looks again and retries once. After
+101 the owner relays frames (`protocol.relay`, CLOSE when it ends the session:
+a takeover is 4001 with its reason). The front writes the audit lines,
+metrics and Events; the owner holds the slot and writes the recording (its
+101 says `Subres-Recorded: true`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from subres.backends.peer import PeerRefused, PeerStream
+from subres.engine.pump import Traffic, pump
+from subres.engine.stream import ByteStream
+from subres.kube.status import StatusError
+from subres.protocol import relay
+from subres.protocol.channels import TerminalSize
+from subres.sessions import recordings, sharing
+from subres.sessions.registry import SessionKey
+from subres.sessions.runtime import Runtime, Who
+from subres.sessions.session import OBSERVER, VIEWER, WRITER, Hold, busy, hold
+from subres.sessions.target import Target, endpoint_url, key
+from subres.sessions.viewer import GuardedDisplay
+
+__all__ = [
+    "NOT_OWNER",
+    "Ask",
+    "Carrier",
+    "FrameClient",
+    "Prepared",
+    "front",
+    "headers",
+    "parse",
+    "prepare",
+    "release",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+NOT_OWNER = 421
+"""The owner's answer when it does not think it owns the unit."""
+MODES = {"console": (WRITER, OBSERVER), "vnc": (VIEWER, OBSERVER)}
+"""The subresources served by their unit's owner, and their modes."""
+
+
+class Carrier(Protocol):
+    """The upgraded connection from the front (`engine.upgrade.UpgradedSocket`)."""
+
+    async def read(self) -> bytes:
+        """What arrived; b"" once the front hung up."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send, waiting while the front is slow."""
+        ...
+
+    async def close(self) -> None:
+        """Hang up."""
+        ...
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a front asks of an owner."""
+
+    unit: SessionKey
+    mode: str
+    who: Who
+    front: str
+    preserve: bool = False
+    tail: int | None = None
+
+
+def headers(ask: Ask) -> list[tuple[str, str]]:
+    """The peer request's headers for `ask`."""
+    unit = ask.unit
+    parts = [unit.resource, unit.subresource, unit.namespace, unit.name]
+    if unit.console:
+        parts.append(unit.console)
+    out = [
+        ("Subres-Unit", "/".join(parts)),
+        ("Subres-Mode", ask.mode),
+        ("Subres-User", ask.who.user),
+        ("Subres-Client", ask.who.client),
+        ("Subres-Request-Id", ask.who.request_id),
+        ("Subres-Front", ask.front),
+    ]
+    out += [("Subres-Group", group) for group in ask.who.groups]
+    if ask.preserve:
+        out.append(("Subres-Preserve", "true"))
+    if ask.tail is not None:
+        out.append(("Subres-Tail", str(ask.tail)))
+    return out
+
+
+def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
+    """The `Ask` of a peer request's headers (`one`: each header's value; 400 otherwise)."""
+    parts = one.get("Subres-Unit", "").split("/")
+    if len(parts) not in (4, 5) or not all(parts[:4]):
+        raise StatusError(400, "the peer request names no unit")
+    unit = SessionKey(*parts)
+    mode = one.get("Subres-Mode", "")
+    if mode not in MODES.get(unit.subresource, ()):
+        raise StatusError(400, f"no {unit.subresource} session has the mode {mode!r}")
+    tail = one.get("Subres-Tail")
+    if tail is not None and not (tail.isascii() and tail.isdigit()):
+        raise StatusError(400, f"Subres-Tail must be a number, not {tail!r}")
+    who = Who(
+        user=one.get("Subres-User", ""),
+        groups=tuple(groups),
+        client=one.get("Subres-Client", ""),
+        request_id=one.get("Subres-Request-Id", ""),
+    )
+    return Ask(
+        unit,
+        mode,
+        who,
+        front=one.get("Subres-Front", ""),
+        preserve=one.get("Subres-Preserve") == "true",
+        tail=int(tail) if tail is not None else None,
+    )
+
+
+# --- the front -----------------------------------------------------------------------------
+
+
+async def front(
+    state: Runtime, target: Target, who: Who, *, mode: str, preserve: bool, tail: int | None
+) -> PeerStream | None:
+    """A peer session on the owner of `target`'s unit; None when this replica owns it.
+
+    Every refusal is a `StatusError` with the owner's code (503 when it
+    cannot be reached), before the client's upgrade.
+    """
+    unit = key(target)
+    ask = Ask(unit, mode, who, front=state.replica, preserve=preserve, tail=tail)
+    for attempt in (1, 2):
+        owner = state.owners.owner(unit)
+        if owner is None:
+            raise StatusError(503, f"no replica serves the {unit} yet; try again shortly")
+        if owner == state.replica:
+            return None
+        address = state.owners.addresses.get(owner)
+        if address is None:
+            raise StatusError(503, f"the replica {owner} owning the {unit} has no address")
+        try:
+            return await state.peers.open(owner, address, headers(ask))
+        except PeerRefused as exc:
+            if exc.code != NOT_OWNER:
+                raise StatusError(exc.code, str(exc)) from None
+            if attempt == 2:
+                raise StatusError(
+                    503, f"the replicas do not agree yet on who serves the {unit}; try again"
+                ) from None
+            await asyncio.sleep(0)  # the watch may have caught up meanwhile
+    raise AssertionError("unreachable")
+
+
+# --- the owner -----------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """An owner's side of a peer session before its upgrade: its backend, slot and recording."""
+
+    ask: Ask
+    target: Target
+    backend: ByteStream
+    held: Hold
+
+
+async def prepare(state: Runtime, ask: Ask) -> Prepared:
+    """Check ownership and the parent, dial or attach, claim the slot and join the recording:
+    everything that can still be a Status."""
+    if not state.owners.mine(ask.unit):
+        raise StatusError(NOT_OWNER, f"the replica {state.replica} does not own the {ask.unit}")
+    parent = state.config.parent(ask.unit.resource)
+    spec = parent.subresources.get(ask.unit.subresource) if parent is not None else None
+    if parent is None or spec is None:
+        raise StatusError(404, f"no {ask.unit.subresource} of {ask.unit.resource} here")
+    target = state.backends.checked(parent, spec, ask.unit.namespace, ask.unit.name)
+    if ask.preserve and state.sessions.active(ask.unit):
+        raise busy(target)  # without dialing
+    backend = await _backend(state, target, ask)
+    held = hold(
+        state,
+        ask.who.user,
+        target=target,
+        exclusive=ask.mode in (WRITER, VIEWER),
+        preserve=ask.preserve,
+        mode=ask.mode,
+    )
+    try:
+        await held.__aenter__()
+    except BaseException:
+        await backend.close()
+        raise
+    return Prepared(ask, target, backend, held)
+
+
+async def _backend(state: Runtime, target: Target, ask: Ask) -> ByteStream:
+    if target.spec.name == "console":
+        if ask.mode == OBSERVER:
+            return sharing.observe(state, target, tail=ask.tail)
+        return await sharing.write(state, target, endpoint_url(target), tail=ask.tail)
+    backend = await state.backends.connect(target, endpoint_url(target))
+    return GuardedDisplay(backend, view_only=ask.mode == OBSERVER)
+
+
+def release(state: Runtime, prepared: Prepared) -> None:
+    """Give up what `prepare` took, when the upgrade failed."""
+    prepared.held.leave()
+
+
+async def serve(state: Runtime, prepared: Prepared, carrier: Carrier) -> None:
+    """Relay between the front (frames over `carrier`, upgraded) and the backend, to the end."""
+    claim = prepared.held.claim
+    client = FrameClient(carrier, prepared.backend)
+    session = _PeerSession(client)
+    state.sessions.start(claim, session)
+
+    def close(code: int, reason: str) -> None:
+        state.sessions.close_later(session, code, reason)
+
+    attached = getattr(prepared.backend, "attached", None)
+    if callable(attached):
+        attached(close)
+    try:
+        if prepared.held.seat is not None:
+            prepared.held.seat.bind(close)
+            announce = getattr(prepared.backend, "announce", None)
+            if callable(announce):
+                announce(recordings.BANNER)
+        await pump(client, prepared.backend, client.traffic)
+    finally:
+        state.sessions.end(claim, session)
+        prepared.held.leave()
+        await prepared.backend.close()
+        await client.close()
+
+
+class _PeerSession:
+    """What the owner's registry closes: a takeover or a move ends the front's session."""
+
+    def __init__(self, client: FrameClient) -> None:
+        self.client = client
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Tell the front how its client's session ends, then hang up."""
+        await self.client.end(code, reason)
+
+    def drop(self) -> None:
+        """Hang up at once."""
+        self.client.drop()
+
+
+class FrameClient:
+    """The front, as the owner's pump sees it: a `ClientStream` over relay frames."""
+
+    def __init__(self, carrier: Carrier, backend: ByteStream) -> None:
+        self._carrier = carrier
+        self._backend = backend
+        self._decoder = relay.FrameDecoder(partial=True, peer=True)
+        self._gone = False
+        self._eof = False
+        self.traffic = Traffic()
+
+    @property
+    def gone(self) -> bool:
+        """The front hung up."""
+        return self._gone
+
+    async def read(self) -> bytes:
+        """The front's next bytes; b"" at its EOF frame or when it hung up."""
+        while not self._eof:
+            try:
+                chunk = await self._carrier.read()
+            except (OSError, RuntimeError):
+                chunk = b""
+            if not chunk:
+                self._gone = True
+                return b""
+            try:
+                events = self._decoder.feed(chunk)
+            except relay.FrameError as exc:
+                log.warning("a front broke the peer protocol: %s", exc)
+                self._gone = True
+                return b""
+            data = self._handle(events)
+            if data:
+                return data
+        return b""
+
+    def _handle(self, events: list[relay.Event]) -> bytes:
+        data = bytearray()
+        for event in events:
+            if isinstance(event, relay.DataReceived):
+                data += event.data
+            elif isinstance(event, relay.ResizeReceived):
+                resize = getattr(self._backend, "resize", None)
+                if callable(resize):
+                    resize(TerminalSize(event.width, event.height))
+            else:
+                self._eof = True
+                self._gone = not isinstance(event, relay.EofReceived)
+        return bytes(data)
+
+    async def write(self, data: bytes) -> None:
+        """Bytes for the front's client."""
+        await self._carrier.write(relay.data(data))
+
+    async def write_eof(self) -> None:
+        """The backend ended: the front's client sees the end."""
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._carrier.write(relay.eof())
+
+    async def abort(self, reason: str) -> None:
+        """The backend failed: say why, and end."""
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._carrier.write(relay.error(reason))
+
+    async def end(self, code: int, reason: str) -> None:
+        """The session ends with `code` for the front's client (4001 taken over, 1001 moved)."""
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._carrier.write(relay.close(code, reason))
+        self._gone = True
+        await self.close()
+
+    def drop(self) -> None:
+        """Hang up without a goodbye."""
+        self._gone = True
+        abort = getattr(self._carrier, "abort", None)
+        if callable(abort):
+            abort()
+
+    async def close(self) -> None:
+        """Hang up."""
+        self._gone = True
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._carrier.close()
