@@ -264,6 +264,8 @@ class ConsolesSpec:
     """Size of one recording file before it goes on in a new one."""
     max_recordings_bytes: int = 1 << 30
     """Size of all recordings; the oldest files are deleted past it."""
+    display_rate: float = 4.0
+    """Framebuffer updates a display's recording asks for per second, at most."""
 
 
 @dataclass(frozen=True)
@@ -648,7 +650,7 @@ def _consoles(data: Any) -> ConsolesSpec:
     files = _mapping(
         doc.get("recordings", {}),
         "consoles.recordings",
-        {"directory", "maxFileBytes", "maxTotalBytes"},
+        {"directory", "maxFileBytes", "maxTotalBytes", "displayRate"},
     )
     d = ConsolesSpec()
 
@@ -672,6 +674,9 @@ def _consoles(data: Any) -> ConsolesSpec:
         ),
         max_recordings_bytes=size(
             files.get("maxTotalBytes", d.max_recordings_bytes), "recordings.maxTotalBytes"
+        ),
+        display_rate=_positive(
+            files.get("displayRate", d.display_rate), "consoles.recordings.displayRate"
         ),
     )
 

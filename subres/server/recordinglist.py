@@ -1,8 +1,10 @@
-"""Reading recorded console sessions through the API, under RBAC, never through the files.
+"""Reading recorded sessions through the API, under RBAC, never through the files.
 
 `GET …/namespaces/NS/machines/NAME/recordings` answers a `RecordingList`
-(each file's name, size, start and title); `GET …/recordings/FILE` answers
-the asciicast file itself (`application/x-asciicast`). Both are authorized
+(each file's name, subresource, size, start and title), console and display
+recordings together; `GET …/recordings/FILE` answers the file itself
+(`application/x-asciicast`, or `application/vnd.subres.display-recording`
+for `protocol.displayrec`). Both are authorized
 as `get machines/recordings` on that machine, as kube-apiserver authorized
 them before proxying; a machine's recordings stay readable after the machine
 is gone. Only names a recording can have are opened (`recordings.FILE_NAME`).
@@ -23,15 +25,18 @@ from typing import Any
 from aiohttp import web
 
 from subres.kube.status import StatusError
-from subres.protocol import asciicast
+from subres.protocol import asciicast, displayrec
 from subres.server import fanout
 from subres.server.state import State
 from subres.serving.units import rfc3339
 from subres.sessions.recordings import FILE_NAME
 
-__all__ = ["listing", "local_listing", "local_one", "one"]
+__all__ = ["DISPLAY_TYPE", "listing", "local_listing", "local_one", "one"]
 
-CONTENT_TYPE = "application/x-asciicast"
+DISPLAY_TYPE = "application/vnd.subres.display-recording"
+
+CONTENT_TYPES = {".cast": "application/x-asciicast", ".display": DISPLAY_TYPE}
+SUBRESOURCES = {".cast": "console", ".display": "vnc"}
 HEADER_BYTES = 4096
 
 
@@ -115,7 +120,7 @@ async def local_one(state: State, request: web.Request) -> web.StreamResponse:
 
 def _file_headers(name: str) -> dict[str, str]:
     return {
-        "Content-Type": CONTENT_TYPE,
+        "Content-Type": CONTENT_TYPES[Path(name).suffix],
         "Content-Disposition": f'inline; filename="{name}"',
         "Cache-Control": "no-store",
     }
@@ -128,7 +133,7 @@ def _peer_path(request: web.Request) -> str:
 
 def _folder(state: State, request: web.Request) -> Path | None:
     parent = state.config.parent(request.match_info["resource"])
-    if parent is None or "console" not in parent.subresources:
+    if parent is None or not {"console", "vnc"} & set(parent.subresources):
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
     root = state.recordings.directory
     if root is None:
@@ -141,24 +146,33 @@ def _folder(state: State, request: web.Request) -> Path | None:
 
 def _items(folder: Path) -> list[dict[str, Any]]:
     items = []
-    for path in folder.glob("*.cast") if folder.is_dir() else []:
+    for path in folder.iterdir() if folder.is_dir() else []:
         if not FILE_NAME.match(path.name):
             continue
         try:
             info = path.stat()
             with path.open("rb") as file:
-                first = file.readline(HEADER_BYTES)
-            header, _ = asciicast.read([first])
-        except (OSError, asciicast.RecordingError):
+                timestamp, title = _header(path.suffix, file.read(HEADER_BYTES))
+        except (OSError, asciicast.RecordingError, displayrec.DisplayRecordingError):
             continue
         items.append(
             {
                 "name": path.name,
+                "subresource": SUBRESOURCES[path.suffix],
                 "size": info.st_size,
-                "started": rfc3339(header.timestamp),
+                "started": rfc3339(timestamp),
                 "modified": rfc3339(info.st_mtime),
-                "title": header.title,
+                "title": title,
             }
         )
     items.sort(key=lambda item: str(item["name"]), reverse=True)
     return items
+
+
+def _header(suffix: str, start: bytes) -> tuple[int, str]:
+    """A recording's start (Unix seconds) and title, from its first bytes."""
+    if suffix == ".display":
+        display, _ = displayrec.read_header(start)
+        return display.timestamp, display.title
+    console, _ = asciicast.read([start.split(b"\n", 1)[0]])
+    return console.timestamp, console.title

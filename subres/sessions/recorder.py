@@ -46,6 +46,8 @@ class Recorder:
         self.path = path
         self.title = title
         self.closed = False
+        self.failure = ""
+        """Always empty: a console's recording fails only in its file."""
         self._on_close = on_close
         self._max_file = max_file
         self._max_pending = max_pending

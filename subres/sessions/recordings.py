@@ -43,6 +43,7 @@ from typing import Any, BinaryIO, Protocol
 
 from subres.config import ConsolesSpec, SubresourceSpec
 from subres.engine.websocket import CloseCode
+from subres.sessions.display import complete_blocks
 from subres.sessions.hub import Closer
 from subres.sessions.recordfile import AppendOnly, complete_lines, identity, repair
 from subres.sessions.registry import SessionKey
@@ -74,6 +75,10 @@ class Recording(Protocol):
     @property
     def path(self) -> Path:
         """The file (part) being written now."""
+
+    @property
+    def failure(self) -> str:
+        """Why the recording stopped on its own (a display it lost), or ""."""
 
     def marker(self, text: str) -> None:
         """A note: who attached, left or took over."""
@@ -316,8 +321,10 @@ class Recordings:
             self._flush, jobs, done, prune=(prune or rolled) and self.directory is not None,
             open_files=open_files,
         )  # fmt: skip
+        failures += [(live, live.recording.failure) for live in self._writing]
         for live, reason in failures:
-            self._failed(live, reason)
+            if reason and not live.failure:
+                self._failed(live, reason)
 
     def _flush(
         self,
@@ -406,7 +413,7 @@ class Recordings:
 
 
 def _complete(path: Path) -> Callable[[BinaryIO, int], int]:
-    return complete_lines
+    return complete_blocks if path.suffix == ".display" else complete_lines
 
 
 def _why(exc: OSError) -> str:

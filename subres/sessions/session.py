@@ -47,11 +47,12 @@ from typing import Any
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
 from subres.sessions import events, recordings
+from subres.sessions.display import DisplayRecorder, DisplayUnavailable
 from subres.sessions.recorder import Recorder
 from subres.sessions.recordings import Recording, RecordingUnavailable, Seat
 from subres.sessions.registry import Busy, Claim, Closable
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.target import Target, key
+from subres.sessions.target import Target, endpoint_url, key
 
 __all__ = [
     "FORWARDER",
@@ -303,6 +304,32 @@ class Hold:
         return seat
 
     async def _start(self, path: Path) -> Recording:
+        """The recording of the console or display."""
+        if self.target.spec.name == "vnc":
+            return await self._start_display(path)
+        return self._start_console(path)
+
+    async def _start_display(self, path: Path) -> Recording:
+        """A display's recording: its own view-only connection (`sessions.display`)."""
+        target, config = self.target, self.state.config
+        recorder = DisplayRecorder(
+            path,
+            title=f"{target.describe()} vnc",
+            max_file=config.consoles.max_recording_bytes,
+            rate=config.consoles.display_rate,
+        )
+        try:
+            stream = await self.state.backends.connect(target, endpoint_url(target))
+        except StatusError as exc:
+            raise RecordingUnavailable(f"cannot reach the display: {exc.message}") from None
+        try:
+            await recorder.begin(stream, deadline=config.session.connect_timeout)
+        except DisplayUnavailable as exc:
+            await stream.close()
+            raise RecordingUnavailable(str(exc)) from None
+        return recorder
+
+    def _start_console(self, path: Path) -> Recording:
         """A console's recording: a sink of its hub (what a kept console replays first)."""
         target = self.target
         hub = self.state.sessions.hub(
