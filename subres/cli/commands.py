@@ -264,7 +264,15 @@ def _recordings(parser: argparse.ArgumentParser) -> None:
 
 
 def _replay(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="an asciicast recording (- for stdin)")
+    parser.add_argument("file", metavar="FILE", help="a console or display recording (- for stdin)")
+    parser.add_argument(
+        "--video",
+        metavar="OUT",
+        help="export a display recording to this video file (.mp4, .webm, ...) with ffmpeg",
+    )
+    parser.add_argument(
+        "--fps", type=float, default=4.0, help="frames a second of the video (default 4)"
+    )
     parser.add_argument(
         "--speed", type=float, default=1.0, help="play this many times faster (default 1)"
     )
@@ -333,8 +341,9 @@ VERBS = (
     ),
     Verb(
         "replay",
-        "play a recorded console session in the terminal",
-        "Play an asciicast v2 recording (from subres recordings) at its own pace.",
+        "play a recorded console session, or export a display's to video",
+        "Play a console recording (asciicast v2, from subres recordings) at its own pace, "
+        "or export a display recording to a video file with --video (needs ffmpeg).",
         _replay,
         "subres.cli.replay",
     ),

@@ -23,6 +23,7 @@ from subres.protocol.rfb import (
     DESKTOP_SIZE,
     EXTENDED_DESKTOP_SIZE,
     RAW,
+    Limits,
     ScreenshotClient,
     ServerInitialised,
     _Rect,
@@ -56,8 +57,8 @@ class WatchClient(ScreenshotClient):
 
     ENCODINGS = (RAW, DESKTOP_SIZE, EXTENDED_DESKTOP_SIZE)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, limits: Limits | None = None) -> None:
+        super().__init__(limits=limits or Limits())
         self._whole = False
         self._changed: list[tuple[int, int, int, int]] = []
         self._watched: list[Event] = []
@@ -101,6 +102,13 @@ class WatchClient(ScreenshotClient):
         """A whole framebuffer (the first, or after a resize): asked for without a bound."""
         self._whole = True
         self._out += struct.pack(">BBHHHH", 3, 0, 0, 0, self._width, self._height)
+
+    def _pseudo(self, encoding: int, width: int, height: int) -> None:
+        # QEMU repeats ExtendedDesktopSize with every whole update: only a new size is a resize.
+        if encoding in (DESKTOP_SIZE, EXTENDED_DESKTOP_SIZE) and (width, height) == self.size:
+            self._rect_done()
+            return
+        super()._pseudo(encoding, width, height)
 
     def _rect_complete(self, rect: _Rect) -> None:
         self._changed.append((rect.x, rect.y, rect.width, rect.next_row - rect.y))

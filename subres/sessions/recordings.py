@@ -32,6 +32,7 @@ deleted. Who may read them is RBAC's business: `recordinglist` serves them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
@@ -155,6 +156,7 @@ class Recordings:
         self._repairing: asyncio.Task[None] | None = None
         self._pruned = 0.0
         self._root_id: tuple[int, int] | None = None
+        self._stopping = False
         """The directory's identity at start: another one later is an unmounted volume."""
 
     def wanted(self, spec: SubresourceSpec, obj: Mapping[str, Any]) -> bool:
@@ -283,30 +285,34 @@ class Recordings:
         )
 
     async def stop(self) -> None:
-        """Write what is left, then stop."""
+        """End every recording, write what is left, then stop."""
         if self._repairing is not None:
             await asyncio.wait([self._repairing])
-        if self._task is None:
-            return
-        self._task.cancel()
-        await asyncio.wait([self._task])
-        self._task = None
         for live in list(self._live.values()):
             self._end(live)
-        await self._flush_now(prune=True)
+        if self._task is None:
+            return
+        # Not cancelled: a flush under way finishes, then one more takes what is left.
+        self._stopping = True
+        self._wake.set()
+        await asyncio.wait([self._task])
+        self._task = None
+        self._stopping = False
 
     async def _write(self) -> None:
         while True:
-            try:
-                async with asyncio.timeout(FLUSH_INTERVAL):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            stopping = self._stopping  # then this flush is the last
+            if not stopping:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FLUSH_INTERVAL):
+                        await self._wake.wait()
             self._wake.clear()
             parts = [live.recording.path for live in self._writing]
             ended = any(live.ended for live in self._writing)
             due = time.monotonic() - self._pruned > PRUNE_INTERVAL
-            await self._flush_now(prune=ended or due, parts=parts)
+            await self._flush_now(prune=ended or due or stopping, parts=parts)
+            if stopping:
+                return
 
     async def _flush_now(self, *, prune: bool, parts: list[Path] | None = None) -> None:
         jobs = [(live, live.recording.drain()) for live in self._writing]

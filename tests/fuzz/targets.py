@@ -23,7 +23,7 @@ import yaml
 
 from subres import config, fields
 from subres.backends import addresses, endpoint
-from subres.protocol import channels, portforward_spdy, portforward_ws, rfb
+from subres.protocol import channels, displayrec, portforward_spdy, portforward_ws, rfb, rfbwatch
 from subres.protocol.spdy import errors as spdy_errors
 from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
@@ -233,6 +233,52 @@ def rfb_client(data: bytes) -> None:
         pass
 
 
+def rfb_watch(data: bytes) -> None:
+    """A VNC server's bytes to a display recording's watcher, which asks again and again."""
+    fdp = atheris.FuzzedDataProvider(data)
+    client = rfbwatch.WatchClient(limits=RFB_LIMITS)
+    stream = b""
+    if fdp.ConsumeBool():
+        width, height = fdp.ConsumeIntInRange(1, 70), fdp.ConsumeIntInRange(1, 70)
+        stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
+    stream += fdp.ConsumeBytes(fdp.remaining_bytes())
+    try:
+        for chunk in _chunks(fdp, stream) if stream else []:
+            for event in client.receive_data(chunk):
+                width, height = client.size
+                assert width * height <= RFB_LIMITS.max_pixels
+                if isinstance(event, rfbwatch.Changed):
+                    for x, y, w, h in event.rects:
+                        assert len(client.pixels(x, y, w, h)) == w * h * 3
+                client.request()
+            assert len(client.data_to_send()) < 65536
+    except rfb.RfbError:
+        pass
+
+
+def display_recording(data: bytes) -> None:
+    """A display recording file as a player reads it: header, blocks, records, the screen."""
+    fdp = atheris.FuzzedDataProvider(data)
+    if fdp.ConsumeBool():
+        head = displayrec.Header(1, fdp.ConsumeUnicodeNoSurrogates(16)).encode()
+        body = fdp.ConsumeBytes(fdp.remaining_bytes())
+        blob = (
+            head + displayrec.seal(fdp.ConsumeBool(), 0, body) if fdp.ConsumeBool() else head + body
+        )
+    else:
+        blob = fdp.ConsumeBytes(fdp.remaining_bytes())
+    assert displayrec.complete_size(blob) <= len(blob)
+    screen = displayrec.Screen()
+    try:
+        _, offset = displayrec.read_header(blob)
+        for ref in displayrec.blocks(blob, offset):
+            for record in displayrec.records(blob[ref.offset : ref.offset + ref.length]):
+                screen.apply(record)
+                assert len(screen.rgb) == screen.width * screen.height * 3
+    except displayrec.DisplayRecordingError:
+        pass
+
+
 # -- endpoints, addresses, field paths ----------------------------------------------------
 
 
@@ -320,6 +366,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "channels": channel_framing,
     "portforward": portforward_pairing,
     "rfb": rfb_client,
+    "rfb-watch": rfb_watch,
+    "display-recording": display_recording,
     "endpoints": endpoints,
     "config": config_loader,
 }

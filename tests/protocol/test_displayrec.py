@@ -216,3 +216,12 @@ def test_a_resize_is_answered_with_a_whole_frame_of_the_new_size() -> None:
     events = client.receive_data(update(rect((0, 0, 2, 3), rfb.RAW, pixels(2, 3, seed=5))))
     assert events == [FrameReady(2, 3)]
     assert client.size == (2, 3)
+
+
+def test_a_desktop_size_of_the_same_size_is_not_a_resize() -> None:
+    client, _ = watching()
+    client.data_to_send()
+    same = rect((0, 0, 4, 2), rfb.EXTENDED_DESKTOP_SIZE, b"\x01\x00\x00\x00" + bytes(16))
+    events = client.receive_data(update(same, rect((0, 0, 1, 1), rfb.RAW, bytes(4))))
+    assert events == [Changed(((0, 0, 1, 1),))]
+    assert client.data_to_send() == b"", "no whole frame asked for again"
