@@ -17,12 +17,15 @@ A file is a signature line, a JSON header line, then blocks:
             | 3 time:u32 length:u16 utf8[length]                              MARK
             | 4 time:u32                                                      END
 
-Pixels are 8-bit R, G, B, row by row. A key block holds everything needed
-to draw from its time on, so a player seeks to the last key block before a
-moment and applies what follows; a block is written whole or not at all,
-so a file cut anywhere (a killed writer) plays up to its last whole block
-(`complete_size`). Keystrokes and cut text are never in it: the recorder
-only watches the display.
+Pixels are 8-bit R, G, B, row by row. A FRAME's rows after its first are
+stored XORed with the row above (a picture's rows are much alike: a
+gradient that zlib cannot shrink shrinks some fifteen times); a RECT's are
+stored as they are (it is small, and filtering costs the writer). A key
+block holds everything needed to draw from its time on, so a player seeks
+to the last key block before a moment and applies what follows; a block is
+written whole or not at all, so a file cut anywhere (a killed writer)
+plays up to its last whole block (`complete_size`). Keystrokes and cut
+text are never in it: the recorder only watches the display.
 
 `Writer` builds blocks (`seal` compresses, and may run in a thread),
 `read_header`, `blocks` and `records` read them back, bounding what a
@@ -201,10 +204,38 @@ class Writer:
 
 
 def seal(key: bool, time: int, data: bytes, *, level: int = 1) -> bytes:
-    """One whole block of `data` (records), compressed and checksummed."""
-    payload = zlib.compress(data, level)
+    """One whole block of `data` (records as `Writer` gives them), compressed and checksummed.
+
+    A frame (the first record of a key block) is filtered here, where it may
+    run in a worker thread.
+    """
+    payload = zlib.compress(_filter_frame(data) if data[:1] == bytes([FRAME]) else data, level)
     flags = KEY if key else 0
     return HEAD.pack(BLOCK_MAGIC, flags, time, len(payload), zlib.crc32(payload)) + payload
+
+
+def _filter_frame(data: bytes) -> bytes:
+    """`data` with its first record, a FRAME, XORed row by row with the row above."""
+    _, _, width, height = _unpack(_FRAME, data, 0)
+    start = _FRAME.size
+    end = start + width * height * 3
+    pixels, stride = data[start:end], width * 3
+    # One big-integer XOR against the same bytes a row later: row i ^ row i-1 for every row.
+    above = int.from_bytes(pixels[: len(pixels) - stride], "big")
+    filtered = (int.from_bytes(pixels, "big") ^ above).to_bytes(len(pixels), "big")
+    return data[:start] + filtered + data[end:]
+
+
+def _unfilter(pixels: bytes, stride: int) -> bytes:
+    """Undo `_filter_frame`'s rows."""
+    if not stride:
+        return pixels
+    out = bytearray(pixels[:stride])
+    row = int.from_bytes(pixels[:stride], "big")
+    for start in range(stride, len(pixels), stride):
+        row ^= int.from_bytes(pixels[start : start + stride], "big")
+        out += row.to_bytes(stride, "big")
+    return bytes(out)
 
 
 def read_header(data: bytes) -> tuple[Header, int]:
@@ -277,7 +308,7 @@ def _record(data: bytes, pos: int) -> tuple[Record, int]:
     if kind == FRAME:
         _, time, width, height = _unpack(_FRAME, data, pos)
         rgb, end = _pixels(data, pos + _FRAME.size, width, height)
-        return Frame(time, width, height, rgb), end
+        return Frame(time, width, height, _unfilter(rgb, width * 3)), end
     if kind == RECT:
         _, time, x, y, width, height = _unpack(_RECT, data, pos)
         rgb, end = _pixels(data, pos + _RECT.size, width, height)

@@ -13,8 +13,10 @@ Its cost is bounded by asking for updates at most `rate` times a second and
 no sooner than its own processing time allows for `BUDGET` of a core: a
 screen that changes all the time is recorded less often, never at more CPU.
 Updates become `protocol.displayrec` records; a whole frame starts a key
-block when the changes since the last one add up to `KEY_SCREENS` screens
-or `KEY_INTERVAL` passed, so that seeking never replays much. Records are
+block when an update covers the whole screen anyway, or when what changed
+since the last key block takes `KEY_RATIO` times its size, so that a seek
+never replays more than that and key frames take at most a third of the
+file. Records are
 sealed into blocks every `SEAL_INTERVAL` (compressed in a worker thread)
 for the recordings' writer to take (`drain`), so that a SIGKILL loses at
 most a second. A file past `max_file` goes on in `…-ID.2.display`, which
@@ -41,10 +43,8 @@ log = logging.getLogger(__name__)
 
 BUDGET = 0.05
 """Share of a core the recorder's own work may take (the wait between updates grows past it)."""
-KEY_SCREENS = 4
-"""A key frame once this many screens' worth of pixels changed since the last one..."""
-KEY_INTERVAL = 60.0
-"""...or this many seconds passed with any change."""
+KEY_RATIO = 2
+"""A key frame once the blocks since the last one take this many times its size."""
 SEAL_INTERVAL = 0.2
 """Seconds records wait before they are sealed into a block."""
 
@@ -82,8 +82,10 @@ class DisplayRecorder:
         self._client = WatchClient()
         self._writer = displayrec.Writer()
         self._queue: list[tuple[Path, tuple[bool, int, bytes]]] = []
-        self._changed = 0
-        self._keyed = 0.0
+        self._key_bytes = 0
+        """The last key block's size, once sealed."""
+        self._since_key = 0
+        """Bytes of the blocks sealed after it."""
         self._cost = 0.0
         self._stream: ByteStream | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -160,10 +162,8 @@ class DisplayRecorder:
 
     def _changes(self, changed: Changed) -> None:
         width, height = self._client.size
-        pixels = sum(w * h for _, _, w, h in changed.rects)
-        self._changed += pixels
-        late = pixels and self._clock() - self._keyed > KEY_INTERVAL
-        if self._changed >= KEY_SCREENS * width * height or late:
+        whole = any(w == width and h == height for _, _, w, h in changed.rects)
+        if whole or self._since_key >= KEY_RATIO * self._key_bytes > 0:
             self._key()
             return
         now = self._now()
@@ -179,8 +179,8 @@ class DisplayRecorder:
         width, height = self._client.size
         self._writer.frame(self._now(), width, height, bytes(self._client.framebuffer))
         self._take()
-        self._changed = 0
-        self._keyed = self._clock()
+        self._key_bytes = 0  # until it is sealed
+        self._since_key = 0
 
     def _take(self) -> None:
         taken = self._writer.take()
@@ -214,6 +214,10 @@ class DisplayRecorder:
         for path, block in blocks:
             if path == self._path:
                 self._in_part += len(block)
+            if displayrec.head(block[: displayrec.HEAD.size])[0]:
+                self._key_bytes, self._since_key = len(block), 0
+            else:
+                self._since_key += len(block)
             self._sealed.append((path, block))
 
     def marker(self, text: str) -> None:

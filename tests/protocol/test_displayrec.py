@@ -18,12 +18,22 @@ END_RECORD = b"\x04\x00\x00\x00\x07"
 
 
 def test_a_block_is_its_head_then_its_compressed_records() -> None:
-    block = displayrec.seal(True, 7, END_RECORD)
+    block = displayrec.seal(False, 7, END_RECORD)
     payload = zlib.compress(END_RECORD, 1)
     assert block == (
-        b"SD\x01\x00" + struct.pack(">III", 7, len(payload), zlib.crc32(payload)) + payload
+        b"SD\x00\x00" + struct.pack(">III", 7, len(payload), zlib.crc32(payload)) + payload
     )
     assert list(displayrec.records(payload)) == [End(7)]
+
+
+def test_a_frames_rows_are_stored_xored_with_the_row_above() -> None:
+    rows = [b"\x10\x20\x30\x40\x50\x60", b"\x11\x20\x30\x40\x50\x61"]
+    frame = struct.pack(">BIHH", 1, 0, 2, 2) + b"".join(rows)
+    block = displayrec.seal(True, 0, frame)
+    assert block[2] == 1, "a key block"
+    stored = zlib.decompress(block[16:])
+    assert stored == frame[:9] + rows[0] + b"\x01\x00\x00\x00\x00\x01"
+    assert list(displayrec.records(block[16:])) == [Frame(0, 2, 2, b"".join(rows))]
 
 
 def test_the_header_is_a_signature_line_and_a_json_line() -> None:
@@ -162,7 +172,7 @@ def test_hostile_headers_are_refused(data: bytes, message: str) -> None:
 
 
 def test_a_bad_checksum_ends_the_blocks_there() -> None:
-    good = displayrec.Header(1).encode() + displayrec.seal(True, 0, END_RECORD)
+    good = displayrec.Header(1).encode() + displayrec.seal(False, 0, END_RECORD)
     bad = bytearray(good + displayrec.seal(False, 1, END_RECORD))
     bad[-1] ^= 1
     assert displayrec.complete_size(bytes(bad)) == len(good)

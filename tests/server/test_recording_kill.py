@@ -161,7 +161,7 @@ async def test_a_display_recording_survives_sigkill_in_whole_blocks(tmp_path: Pa
 async def test_a_torn_display_block_is_cut_at_start(tmp_path: Path) -> None:
     folder = tmp_path / "default" / "vm1"
     folder.mkdir(parents=True)
-    whole = displayrec.Header(1, "t").encode() + displayrec.seal(True, 0, b"\x04\x00\x00\x00\x05")
+    whole = displayrec.Header(1, "t").encode() + displayrec.seal(False, 0, b"\x04\x00\x00\x00\x05")
     torn = folder / "20240101T000000Z-0000000c.display"
     torn.write_bytes(whole + displayrec.seal(False, 9, b"\x04\x00\x00\x00\x09")[:-3])
     recordings = Recordings(ConsolesSpec(recordings=str(tmp_path)))

@@ -73,6 +73,8 @@ export class DisplayPlayer {
       if (kind === FRAME) {
         const width = view.getUint16(pos + 5), height = view.getUint16(pos + 7);
         const rgb = data.subarray(pos + 9, pos + 9 + width * height * 3);
+        // A frame's rows are stored XORed with the row above: undone in place.
+        for (let i = width * 3; i < rgb.length; i++) rgb[i] ^= rgb[i - width * 3];
         out.push({ kind, time, x: 0, y: 0, width, height, rgb });
         pos += 9 + rgb.length;
       } else if (kind === RECT) {
