@@ -44,6 +44,7 @@ __all__ = [
     "StaticDirectory",
     "open_relay",
     "parse_agent_url",
+    "status_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -416,16 +417,20 @@ def _retrieve(answer: asyncio.Future[None]) -> None:
         answer.exception()
 
 
-def _refusal(status: int, body: bytes) -> Exception:
-    """The exception for an agent's non-101 answer, with the message of its Status."""
-    message = ""
+def status_message(body: bytes) -> str:
+    """The message of a `Status` body, or its first bytes when it is not one ("" for none)."""
     try:
         decoded = json.loads(body)
-        if isinstance(decoded, dict):
-            message = str(decoded.get("message") or "")
     except ValueError:
-        pass
-    message = message or body[:200].decode(errors="replace") or f"HTTP {status}"
+        decoded = None
+    if isinstance(decoded, dict) and decoded.get("message"):
+        return str(decoded["message"])
+    return body[:200].decode(errors="replace")
+
+
+def _refusal(status: int, body: bytes) -> Exception:
+    """The exception for an agent's non-101 answer, with the message of its Status."""
+    message = status_message(body) or f"HTTP {status}"
     if status in (403, 502, 503):
         return AgentRefused(message, status)
     if status == 504:

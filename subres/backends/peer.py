@@ -16,7 +16,6 @@ the internal CA and the replica name.
 
 from __future__ import annotations
 
-import json
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 import aiohttp
 import h11
 
-from subres.backends.agent import ClientTLS, RelayStream, Request, open_relay
+from subres.backends.agent import ClientTLS, RelayStream, Request, open_relay, status_message
 from subres.backends.stream import BackendUnavailable, SocketStream
 from subres.protocol import relay
 from subres.protocol.channels import TerminalSize
@@ -91,6 +90,12 @@ class PeerStream(RelayStream):
             self._end(GOING_AWAY, f"the replica {self.owner} owning this console was lost")
         super().connection_lost(exc)
 
+    async def close(self) -> None:
+        """The front's session is over: hang up, and tell its client nothing more."""
+        if self._ended is None:
+            self._ended = (1000, "")
+        await super().close()
+
     def _end(self, code: int, reason: str) -> None:
         if self._ended is None:
             self._ended = (code, reason)
@@ -99,14 +104,8 @@ class PeerStream(RelayStream):
 
     def refusal(self, status: int, body: bytes) -> Exception:
         """The owner's Status, passed on with its code."""
-        message = ""
-        try:
-            decoded = json.loads(body)
-            if isinstance(decoded, dict):
-                message = str(decoded.get("message") or "")
-        except ValueError:
-            pass
-        return PeerRefused(message or f"the replica {self.owner} answered {status}", status)
+        message = status_message(body) or f"the replica {self.owner} answered {status}"
+        return PeerRefused(message, status)
 
 
 @dataclass(frozen=True)

@@ -299,7 +299,7 @@ class _Selected(_Listing):
 
 
 class Leases(_Selected):
-    """The Leases of one namespace that a label selector picks (the session Leases)."""
+    """The Leases of one namespace that a label selector picks (the replicas' membership)."""
 
     def _request(self, **params: Any) -> Any:
         return self.api._coordination().list_namespaced_lease(
@@ -308,7 +308,7 @@ class Leases(_Selected):
 
 
 class Pods(_Selected):
-    """The pods of one namespace that a label selector picks (the node agents)."""
+    """The pods of one namespace that a label selector picks (node agents, replicas)."""
 
     def _request(self, **params: Any) -> Any:
         return self.api._core().list_namespaced_pod(

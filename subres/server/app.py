@@ -122,9 +122,13 @@ def build(state: State) -> web.Application:
     page.add_routes(app, settings)
 
     keeper = app[KEEPER] = Keeper(state)
-    state.owners.on_change(
-        lambda _: state.sessions.moved(state.owners.mine, "the session moved to another replica")
-    )
+    state.metrics.replica_members.set(len(state.owners.members))
+
+    def members_changed(_: tuple[str, ...]) -> None:
+        state.metrics.replica_members.set(len(state.owners.members))
+        state.sessions.moved(state.owners.mine, "the session moved to another replica")
+
+    state.owners.on_change(members_changed)
 
     async def on_startup(_: web.Application) -> None:
         await state.recordings.start()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from subres.sessions.members import Membership, MembershipSettings, Owners
 
 __all__ = ["Cluster", "build"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Cluster:
@@ -54,8 +57,11 @@ class Cluster:
     authenticator: DelegatingAuthenticator
     authorizer: WebhookAuthorizer
     informers: tuple[Informer, ...]
-    membership: Membership
-    """This replica's Lease and its view of the others (`owners`)."""
+    membership: Membership | None
+    """This replica's Lease and its view of the others; None without the replica
+    certificate, which other replicas would need to reach it: then it serves alone."""
+    owners: Owners
+    """Who owns each unit, as this replica sees the members (alone: itself)."""
     apis: tuple[client.Api, ...]
     """Every distinct client, closed on stop."""
     agents: AgentPods | None = None
@@ -70,20 +76,23 @@ class Cluster:
     async def start(self) -> None:
         """Start the informers and the membership."""
         self._tasks = [asyncio.create_task(i.run(), name=i.name) for i in self.informers]
-        await self.membership.start()
+        if self.membership is not None:
+            await self.membership.start()
 
     @property
-    def owners(self) -> Owners:
-        """Who owns each unit, as this replica sees the members."""
-        return self.membership.owners
+    def synced(self) -> bool:
+        """The replicas were listed and this replica's Lease written (alone: at once)."""
+        return self.membership is None or self.membership.synced
 
     async def leave(self) -> None:
         """The drain started: delete this replica's Lease, so that its units move now."""
-        await self.membership.leave()
+        if self.membership is not None:
+            await self.membership.leave()
 
     async def stop(self, *, grace: float) -> None:
         """Leave the members (waiting at most `grace`), stop informers and clients."""
-        await self.membership.stop(grace=grace)
+        if self.membership is not None:
+            await self.membership.stop(grace=grace)
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -163,18 +172,22 @@ async def _assemble(
         ),
     )
     replica = options.replica_name or socket.gethostname()
-    membership = Membership(
-        main,
-        MembershipSettings(
-            namespace=options.service_namespace,
-            replica=replica,
-            selector=options.replica_selector,
-            peer_port=options.peer_port,
-            duration=options.member_duration,
-            renew=options.member_renew,
-        ),
-        Owners(replica),
-        informer=settings,
+    membership = (
+        None
+        if not _has_replica_certificate(options)
+        else Membership(
+            main,
+            MembershipSettings(
+                namespace=options.service_namespace,
+                replica=replica,
+                selector=options.replica_selector,
+                peer_port=options.peer_port,
+                duration=options.member_duration,
+                renew=options.member_renew,
+            ),
+            Owners(replica),
+            informer=settings,
+        )
     )
     return Cluster(
         caches=caches,
@@ -183,9 +196,20 @@ async def _assemble(
         authorizer=authorizer,
         informers=tuple(informers),
         membership=membership,
+        owners=membership.owners if membership is not None else Owners.alone(replica),
         apis=tuple(dict.fromkeys(apis)),
         agents=agents,
     )
+
+
+def _has_replica_certificate(options: Options) -> bool:
+    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
+        return True
+    log.warning(
+        "no replica certificate (--agent-client-cert-file): this replica serves alone; "
+        "give every replica one to make them one system (docs/replicas.md)"
+    )
+    return False
 
 
 def _files(options: Options) -> AuthenticationFiles:

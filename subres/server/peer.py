@@ -14,6 +14,7 @@ internal CA, and `serving.tls.replica_caller` checks it names a replica.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from aiohttp import hdrs, web
@@ -39,11 +40,11 @@ REPLICA_NAME = certs.REPLICA_IDENTITY
 def build(state: State) -> web.Application:
     """The peer application."""
     app = web.Application(middlewares=[errors.errors, _replicas_only])
-    app.router.add_post("/peer/v1/session", lambda r: _session(state, r))
-    app.router.add_get("/peer/v1/sessions", lambda r: sessionlist.fronted(state, r))
     recordings = "/peer/v1/recordings/{resource}/{namespace}/{name}"
-    app.router.add_get(recordings, lambda r: recordinglist.local_listing(state, r))
-    app.router.add_get(recordings + "/{file}", lambda r: recordinglist.local_one(state, r))
+    app.router.add_post("/peer/v1/session", functools.partial(_session, state))
+    app.router.add_get("/peer/v1/sessions", functools.partial(sessionlist.fronted, state))
+    app.router.add_get(recordings, functools.partial(recordinglist.local_listing, state))
+    app.router.add_get(recordings + "/{file}", functools.partial(recordinglist.local_one, state))
     return app
 
 

@@ -12,7 +12,8 @@ endpoints stop sending it requests; then `Server.stop` takes at most
 is going away (1001), waits for them to end until a last step before the
 deadline, drops the connections of any that did not (a client that reads
 nothing, a peer that never hangs up), lets aiohttp finish the other
-requests, and gives up the session Leases in what remains.
+requests, and leaves the replicas' membership in what remains (its Lease
+was already deleted when the drain began, so that its units moved at once).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ WATCH_INTERVAL = 1.0
 """Seconds between checks of the certificate, token, CA and standalone files."""
 LAST_STEP = 1.0
 """Seconds of the shutdown grace (at most half of it) kept for after the sessions:
-finishing other requests, deleting session Leases."""
+finishing other requests, deleting this replica's membership Lease."""
 GOING_AWAY = "the server is shutting down"
 
 
@@ -124,17 +125,7 @@ class Server:
             # is dozens of requests.
             access_log=logging.getLogger("aiohttp.access") if self.options.access_log else None,
         )
-        await self.runner.setup()
-        site = connections.GuardedSite(
-            self.runner,
-            self.state.connections,
-            host=self.options.bind_address,
-            port=self.options.secure_port,
-            ssl_context=self.tls.context,
-            backlog=1024,
-        )
-        await site.start()
-        self.port = int(self.runner.addresses[0][1])
+        self.port = await self._listen(self.runner, self.options.secure_port, self.tls)
         if self.peer_tls is not None:
             await self._start_peer(self.peer_tls)
         self._watcher = asyncio.create_task(self._watch())
@@ -146,18 +137,22 @@ class Server:
         self.peer_runner = web.AppRunner(
             peer.build(self.state), handle_signals=False, handler_cancellation=True, access_log=None
         )
-        await self.peer_runner.setup()
+        self.peer_port = await self._listen(self.peer_runner, self.options.peer_port, tls)
+        log.info("serving replicas on https://%s:%d", self.options.bind_address, self.peer_port)
+
+    async def _listen(self, runner: web.AppRunner, port: int, tls: ReloadingTLS) -> int:
+        """Set `runner` up behind the connection guard on `port`; the port actually bound."""
+        await runner.setup()
         site = connections.GuardedSite(
-            self.peer_runner,
+            runner,
             self.state.connections,
             host=self.options.bind_address,
-            port=self.options.peer_port,
+            port=port,
             ssl_context=tls.context,
             backlog=1024,
         )
         await site.start()
-        self.peer_port = int(self.peer_runner.addresses[0][1])
-        log.info("serving replicas on https://%s:%d", self.options.bind_address, self.peer_port)
+        return int(runner.addresses[-1][1])
 
     async def drain(self, *, cut_short: asyncio.Event) -> None:
         """Fail readiness, leave the members, keep serving for the shutdown delay, stop.
@@ -281,7 +276,7 @@ async def complete_cluster(
         secrets=ApiSecrets(parts.main),
         agents=_agents(options, parts.agents or StaticDirectory({})),
         owners=parts.owners,
-        peer_tls=_peer_tls(options),
+        peer_tls=_client_tls(options, peer.REPLICA_NAME),
         metrics=metrics,
         audit=SessionAudit(audit.open_log(options.session_audit_log)),
         events=KubeEvents(parts.main, metrics=metrics, instance=replica),
@@ -307,7 +302,7 @@ def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
     """Cluster mode's /readyz checks beyond TLS and the parent caches."""
     checks: dict[str, Callable[[], bool]] = {
         "authentication-config": lambda: parts.auth.ready,
-        "replica-membership": lambda: parts.membership.synced,
+        "replica-membership": lambda: parts.synced,
     }
     agents = parts.agents
     if agents is not None:
@@ -316,41 +311,37 @@ def _readiness(parts: cluster.Cluster) -> dict[str, Callable[[], bool]]:
     return checks
 
 
+def _replica_files(options: Options) -> tuple[Path, Path, Path] | None:
+    """The replica certificate, its key and the internal CA, when all three are given."""
+    cert, key, ca = (
+        options.agent_client_cert_file,
+        options.agent_client_key_file,
+        options.agent_ca_file,
+    )
+    return (cert, key, ca) if cert and key and ca else None
+
+
+def _client_tls(options: Options, server_name: str) -> ClientTLS | None:
+    """The replica certificate as a client of servers named `server_name` (agents, peers)."""
+    files = _replica_files(options)
+    if files is None:
+        return None
+    cert, key, ca = files
+    return ClientTLS(cert=cert, key=key, ca=ca, server_name=server_name)
+
+
 def _agents(options: Options, directory: Directory) -> Agents:
     """How node-local endpoints are reached: agents need the client certificate files."""
-    tls = None
-    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
-        tls = ClientTLS(
-            cert=options.agent_client_cert_file,
-            key=options.agent_client_key_file,
-            ca=options.agent_ca_file,
-            server_name=options.agent_server_name,
-        )
-    return Agents(directory=directory, tls=tls)
+    return Agents(directory=directory, tls=_client_tls(options, options.agent_server_name))
 
 
 def _peer_serving(options: Options) -> ReloadingTLS | None:
     """The peer port's TLS: the replica certificate, and only its CA's clients."""
-    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
-        return ReloadingTLS(
-            cert=options.agent_client_cert_file,
-            key=options.agent_client_key_file,
-            client_ca=[options.agent_ca_file],
-            require_client_cert=True,
-        )
-    return None
-
-
-def _peer_tls(options: Options) -> ClientTLS | None:
-    """The replica certificate as a client of the other replicas (the agents' client pair)."""
-    if options.agent_ca_file and options.agent_client_cert_file and options.agent_client_key_file:
-        return ClientTLS(
-            cert=options.agent_client_cert_file,
-            key=options.agent_client_key_file,
-            ca=options.agent_ca_file,
-            server_name=peer.REPLICA_NAME,
-        )
-    return None
+    files = _replica_files(options)
+    if files is None:
+        return None
+    cert, key, ca = files
+    return ReloadingTLS(cert=cert, key=key, client_ca=[ca], require_client_cert=True)
 
 
 def _serving_pair(options: Options) -> tuple[Path, Path]:

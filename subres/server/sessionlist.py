@@ -17,6 +17,8 @@ from __future__ import annotations
 import datetime
 import json
 import time
+import urllib.parse
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -54,14 +56,8 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
     subresource.lookup(state, request, parent)
     namespace, name = request.match_info["namespace"], request.match_info["name"]
-    items, failed = await _items(state)
-    mine = [
-        i
-        for i in items
-        if (i["parent"]["kind"], i["metadata"]["namespace"], i["parent"]["name"])
-        == (parent.kind, namespace, name)
-    ]
-    return _answer(state, request, mine, failed)
+    items, failed = await _items(state, Selector(namespace, parent.kind, name))
+    return _answer(state, request, items, failed)
 
 
 async def for_namespace(state: State, request: web.Request) -> web.Response:
@@ -69,32 +65,60 @@ async def for_namespace(state: State, request: web.Request) -> web.Response:
     namespace = request.match_info.get("namespace")
     if request.query.get("watch", "false").lower() not in ("false", "0"):
         raise StatusError(405, "sessions cannot be watched; list them again instead")
-    items, failed = await _items(state)
-    selected = [i for i in items if namespace in (None, i["metadata"]["namespace"])]
-    return _answer(state, request, selected, failed)
+    items, failed = await _items(state, Selector(namespace or ""))
+    return _answer(state, request, items, failed)
 
 
 async def fronted(state: State, request: web.Request) -> web.Response:
-    """The sessions this replica fronts (the peer port's `GET /peer/v1/sessions`)."""
-    body = {"items": _local(state)}
+    """The sessions this replica fronts (the peer port's `GET /peer/v1/sessions`).
+
+    `?namespace=`, `&kind=` and `&name=` select, so that a narrow list moves
+    only what it shows.
+    """
+    query = request.query
+    selector = Selector(query.get("namespace", ""), query.get("kind", ""), query.get("name", ""))
+    body = {"items": _local(state, selector)}
     return web.Response(
         body=json.dumps(body, separators=(",", ":")).encode(), content_type="application/json"
     )
 
 
-def _local(state: State) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Selector:
+    """Which sessions: of a namespace (all when empty), and of one machine (kind and name)."""
+
+    namespace: str = ""
+    kind: str = ""
+    name: str = ""
+
+    def __call__(self, record: Record) -> bool:
+        return (
+            self.namespace in ("", record.namespace)
+            and self.kind in ("", record.kind)
+            and self.name in ("", record.name)
+        )
+
+    def query(self) -> str:
+        """The peer request's query string."""
+        fields = {"namespace": self.namespace, "kind": self.kind, "name": self.name}
+        return urllib.parse.urlencode({k: v for k, v in fields.items() if v})
+
+
+def _local(state: State, selected: Selector) -> list[dict[str, Any]]:
     group_version = f"{state.config.group}/{state.config.version}"
     return [
         item(state, session.record, group_version=group_version)
         for session in state.sessions.live
-        if isinstance(session, Live)
+        if isinstance(session, Live) and selected(session.record)
     ]
 
 
-async def _items(state: State) -> tuple[list[dict[str, Any]], list[str]]:
+async def _items(state: State, selected: Selector) -> tuple[list[dict[str, Any]], list[str]]:
     """Every replica's sessions (each has one front, so none twice), and who did not answer."""
-    items = _local(state)
-    answers = await fanout.ask_others(state, "/peer/v1/sessions", limit=MAX_LISTING)
+    items = _local(state, selected)
+    query = selected.query()
+    path = "/peer/v1/sessions" + (f"?{query}" if query else "")
+    answers = await fanout.ask_others(state, path, limit=MAX_LISTING)
     failed = list(answers.failed)
     for member, body in answers.ok.items():
         try:

@@ -124,6 +124,11 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.replica_members = Gauge(
+            "subres_replica_members",
+            "Replicas this one counts as members (itself included): who owns consoles.",
+            registry=self.registry,
+        )
         self.consoles_kept = Gauge(
             "subres_consoles_kept",
             "Kept consoles whose backend connection is open now.",

@@ -19,7 +19,9 @@ the units of the replica that came or went.
   and freshness is judged on the local clock from when this replica first
   saw the Lease's current version (as client-go's leader election does).
 - While this replica's own renewals fail, it expires nobody: an apiserver
-  that cannot be reached freezes the view instead of emptying it.
+  that cannot be reached freezes the view instead of emptying it (it stops
+  expiring others a renewal and a half after its own last one, before any
+  peer's Lease, renewed as often, could expire).
 - A member that drops out while its Lease was still there (expired, or its
   Pod stopped being Ready) was *lost*: its units' new owners mark their
   recordings so.
@@ -209,11 +211,12 @@ class Membership:
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks)
-        if self._version:
+        version, self._version = self._version, ""
+        if version:
             with contextlib.suppress(ApiError, TimeoutError, OSError):
                 async with asyncio.timeout(max(grace, 0.1)):
                     await self.api.delete_lease(
-                        self.settings.namespace, self.name, resource_version=self._version
+                        self.settings.namespace, self.name, resource_version=version
                     )
 
     async def leave(self) -> None:
@@ -277,8 +280,15 @@ class Membership:
         return self.clock() - seen.at < duration
 
     def _frozen(self) -> bool:
-        """This replica's own renewals fail: keep the view rather than expire the others."""
-        return self._renewed is None or self.clock() - self._renewed >= self.settings.duration
+        """This replica missed a renewal: keep the view rather than expire the others.
+
+        Its peers renew as often as it does, so their Leases, as seen here,
+        expire no sooner than `duration - renew` after its own last renewal:
+        later than the renewal and a half after which it stops expiring anyone.
+        """
+        if self._renewed is None:
+            return True
+        return self.clock() - self._renewed > 1.5 * self.settings.renew
 
     def _recompute(self, *, deleted: str = "") -> None:
         if not all(self._listed):
@@ -326,13 +336,14 @@ class Membership:
         due = self.clock()
         while True:
             if self.clock() >= due:
-                await self._renew()
+                await self.renew()
                 due = self.clock() + self.settings.renew
             self._recompute()
             # Wakes for the next renewal or the next expiry, whichever comes first.
             await asyncio.sleep(min(due - self.clock(), self.next_expiry()))
 
-    async def _renew(self) -> None:
+    async def renew(self) -> None:
+        """Renew this replica's Lease once (a failure is logged; the view freezes)."""
         try:
             stored = await self._write()
         except (ApiError, OSError, TimeoutError) as exc:
@@ -343,6 +354,7 @@ class Membership:
         self._lease(stored)
         if not self.synced and all(self._listed):
             self.synced = True
+        self._recompute()
 
     async def _write(self) -> Mapping[str, Any]:
         namespace = self.settings.namespace

@@ -275,8 +275,7 @@ class _PeerSession:
         await self.client.end(code, reason)
 
     def drop(self) -> None:
-        """Hang up at once."""
-        self.client.drop()
+        """Nothing to do at once: the server's cleanup closes the connection."""
 
 
 class FrameClient:
@@ -288,6 +287,9 @@ class FrameClient:
         self._decoder = relay.FrameDecoder(partial=True, peer=True)
         self._gone = False
         self._eof = False
+        """The front's EOF frame arrived (its client half-closed)."""
+        self._eof_due = False
+        """...and `read` has yet to report it."""
         self.traffic = Traffic()
 
     @property
@@ -296,22 +298,28 @@ class FrameClient:
         return self._gone
 
     async def read(self) -> bytes:
-        """The front's next bytes; b"" at its EOF frame or when it hung up."""
-        while not self._eof:
+        """The front's next bytes; b"" at its EOF frame (once), and when it hung up.
+
+        After the EOF frame, reading goes on (resizes, a CLOSE) until the
+        front hangs up, as the pump expects of a half-closed client.
+        """
+        while not self._gone:
+            if self._eof_due:
+                self._eof_due = False
+                return b""
             try:
                 chunk = await self._carrier.read()
             except (OSError, RuntimeError):
                 chunk = b""
             if not chunk:
                 self._gone = True
-                return b""
+                break
             try:
-                events = self._decoder.feed(chunk)
+                data = self._handle(self._decoder.feed(chunk))
             except relay.FrameError as exc:
                 log.warning("a front broke the peer protocol: %s", exc)
                 self._gone = True
-                return b""
-            data = self._handle(events)
+                break
             if data:
                 return data
         return b""
@@ -320,14 +328,17 @@ class FrameClient:
         data = bytearray()
         for event in events:
             if isinstance(event, relay.DataReceived):
-                data += event.data
+                if not self._eof:
+                    data += event.data
             elif isinstance(event, relay.ResizeReceived):
                 resize = getattr(self._backend, "resize", None)
                 if callable(resize):
                     resize(TerminalSize(event.width, event.height))
-            else:
+            elif isinstance(event, relay.EofReceived):
+                self._eof_due = not self._eof
                 self._eof = True
-                self._gone = not isinstance(event, relay.EofReceived)
+            else:  # ERROR or CLOSE: the front's client is gone
+                self._gone = True
         return bytes(data)
 
     async def write(self, data: bytes) -> None:
@@ -345,18 +356,12 @@ class FrameClient:
             await self._carrier.write(relay.error(reason))
 
     async def end(self, code: int, reason: str) -> None:
-        """The session ends with `code` for the front's client (4001 taken over, 1001 moved)."""
+        """The session ends with `code` for the front's client (4001 taken over, 1001 moved).
+
+        The front closes its client and hangs up, which ends this side's pump.
+        """
         with contextlib.suppress(OSError, RuntimeError):
             await self._carrier.write(relay.close(code, reason))
-        self._gone = True
-        await self.close()
-
-    def drop(self) -> None:
-        """Hang up without a goodbye."""
-        self._gone = True
-        abort = getattr(self._carrier, "abort", None)
-        if callable(abort):
-            abort()
 
     async def close(self) -> None:
         """Hang up."""

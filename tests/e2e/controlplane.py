@@ -152,6 +152,8 @@ class Process:
     args: list[str]
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None
+    """Where it runs (and so, for ``python -m``, whose code it imports); ours by default."""
 
     def start(self) -> None:
         with self.log.open("ab") as log:
@@ -163,6 +165,7 @@ class Process:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                cwd=self.cwd,
             )
 
     def exited(self) -> int | None:
@@ -226,6 +229,14 @@ class ControlPlane:
     _controllers: Process
     _admin_cert: Path
     _admin_key: Path
+
+    @property
+    def etcd_pid(self) -> int:
+        """etcd's process id (a benchmark reads its CPU from /proc)."""
+        popen = self._etcd.popen
+        if popen is None:
+            raise self.failure("etcd is not running")
+        return popen.pid
 
     @property
     def apiserver_pid(self) -> int:

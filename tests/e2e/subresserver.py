@@ -32,6 +32,7 @@ kube-apiserver would, with its front-proxy certificate.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import ssl
@@ -100,6 +101,9 @@ class Profile:
     """``--config`` of the local process (the overlay's ConfigMap would need a kubelet)."""
     args: tuple[str, ...] = ()
     """Further flags of ``subres serve`` (e.g. ``--access-log`` for a test that reads it)."""
+    source: Path | None = None
+    """Another checkout whose ``subres`` to run (a benchmark's older design); it has no
+    peer port."""
 
 
 @dataclass
@@ -120,6 +124,12 @@ class Subres:
     """The certificates as ``subres certs`` wrote them (agents use its ``agent.*``)."""
     apiservice: str = APISERVICE
     """The APIService it is registered by."""
+
+    @property
+    def peer_port(self) -> int:
+        """The port where it serves the other replicas (``--peer-port``)."""
+        flag = next(a for a in self.process.args if a.startswith("--peer-port="))
+        return int(flag.split("=", 1)[1])
 
     @property
     def url(self) -> str:
@@ -198,7 +208,7 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
     """
     workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-server-"))
     try:
-        [port] = free_ports(1)
+        port, peer_port = free_ports(2)
         trees = [Path("deploy")]
         if not profile.overlay.is_relative_to("deploy"):
             trees.append(profile.overlay)
@@ -217,6 +227,8 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
         args = _serve_args(certs_dir, workdir / "cert-dir", kubeconfig, port)
+        if profile.source is None:
+            args.append(f"--peer-port={peer_port}")
         args.append(f"--config={profile.config or _write_config(workdir)}")
         args += profile.args
         server = Subres(
@@ -224,7 +236,9 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
             workdir=workdir,
             port=port,
             ca=certs_dir / "ca.crt",
-            process=Process(name="subres", args=args, log=workdir / "subres.log"),
+            process=Process(
+                name="subres", args=args, log=workdir / "subres.log", cwd=profile.source
+            ),
             cert_files=certs_dir,
             apiservice=profile.apiservice,
         )
@@ -245,12 +259,14 @@ async def replica(first: Subres, name: str) -> Subres:
 
     The caller stops it (``stop()``); ``shutdown(first)`` removes the shared files.
     """
-    [port] = free_ports(1)
+    port, peer_port = free_ports(2)
     swapped = {
         "--secure-port": str(port),
         "--cert-dir": str(first.workdir / f"cert-dir-{name}"),
         "--replica-name": name,
     }
+    if any(a.startswith("--peer-port=") for a in first.process.args):
+        swapped["--peer-port"] = str(peer_port)
     args = [a for a in first.process.args if a.split("=", 1)[0] not in swapped]
     server = Subres(
         plane=first.plane,
@@ -263,6 +279,7 @@ async def replica(first: Subres, name: str) -> Subres:
             name=f"subres {name}",
             args=[*args, *(f"{flag}={value}" for flag, value in swapped.items())],
             log=first.workdir / f"subres-{name}.log",
+            cwd=first.process.cwd,
         ),
     )
     try:
@@ -271,6 +288,48 @@ async def replica(first: Subres, name: str) -> Subres:
         await server.stop()
         raise
     return server
+
+
+async def replica_pod(server: Subres, name: str) -> None:
+    """The Pod the Deployment would run as replica `name`, Ready at 127.0.0.1 (as a kubelet
+    would report it), its `peer` port the one `server` listens on: how the others find it."""
+    plane = server.plane
+    deployment = await plane.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/subres")
+    template = deployment["spec"]["template"]
+    spec = dict(template["spec"])
+    [container] = spec["containers"]
+    [peer] = [p for p in container["ports"] if p["name"] == "peer"]
+    peer["containerPort"] = server.peer_port
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": template["metadata"]["labels"],
+        },
+        "spec": spec,
+    }
+    (await plane.kubectl("apply", "-f", "-", stdin=json.dumps(pod))).check()
+    await set_pod_ready(plane, name, ready=True)
+
+
+async def set_pod_ready(plane: ControlPlane, name: str, *, ready: bool) -> None:
+    """Report replica Pod `name` Ready or not, as its kubelet would."""
+    status = {
+        "status": {
+            "phase": "Running",
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        }
+    }
+    (
+        await plane.kubectl(
+            "patch", "pod", name, "-n", NAMESPACE, "--subresource=status",
+            "--type=merge", "-p", json.dumps(status),
+        )
+    ).check()  # fmt: skip
 
 
 async def shutdown(server: Subres) -> None:

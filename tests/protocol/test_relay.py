@@ -87,3 +87,48 @@ def test_partial_mode_passes_a_payload_only_chunk_uncopied() -> None:
     [event] = decoder.feed(middle)
     assert event.data is middle  # type: ignore[union-attr]
     assert decoder.feed(b"hij" + relay.eof()) == [relay.DataReceived(b"hij"), relay.EofReceived()]
+
+
+def test_peer_frames_carry_a_window_size_and_a_close_code_with_its_reason() -> None:
+    assert relay.resize(120, 40) == b"\x03\x00\x00\x00\x04\x00\x78\x00\x28"
+    assert relay.close(4001, "taken over") == b"\x04\x00\x00\x00\x0c\x0f\xa1taken over"
+    assert relay.resize(-1, 70000) == b"\x03\x00\x00\x00\x04\x00\x00\xff\xff"
+    assert len(relay.close(1000, "é" * 200)) == 5 + 2 + 123
+    wire = relay.resize(80, 24) + relay.data(b"x") + relay.close(1001, "moved")
+    assert relay.FrameDecoder(peer=True).feed(wire) == [
+        relay.ResizeReceived(80, 24),
+        relay.DataReceived(b"x"),
+        relay.CloseReceived(1001, "moved"),
+    ]
+
+
+@given(
+    width=st.integers(0, 0xFFFF),
+    height=st.integers(0, 0xFFFF),
+    code=st.integers(0, 0xFFFF),
+    reason=st.text(max_size=40),
+)
+def test_peer_frames_round_trip(width: int, height: int, code: int, reason: str) -> None:
+    wire = relay.resize(width, height) + relay.close(code, reason)
+    events = relay.FrameDecoder(peer=True).feed(wire)
+    assert events[0] == relay.ResizeReceived(width, height)
+    assert isinstance(events[1], relay.CloseReceived) and events[1].code == code
+    assert reason.encode()[:123].decode(errors="replace") == events[1].reason
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        (b"\x03\x00\x00\x00\x03abc", "RESIZE frame of 3 bytes"),
+        (b"\x04\x00\x00\x00\x01x", "CLOSE frame without a code"),
+    ],
+)
+def test_hostile_peer_frames_are_refused(wire: bytes, message: str) -> None:
+    with pytest.raises(relay.FrameError, match=message):
+        relay.FrameDecoder(peer=True).feed(wire)
+
+
+@pytest.mark.parametrize("frame", [relay.resize(80, 24), relay.close(4001, "taken over")])
+def test_an_agent_relay_refuses_peer_frames(frame: bytes) -> None:
+    with pytest.raises(relay.FrameError, match="unknown relay frame type"):
+        relay.FrameDecoder().feed(frame)

@@ -117,7 +117,7 @@ async def test_ready_only_after_caches_synced_and_config_loaded(tmp_path: Path) 
             assert "[+]authentication-config ok" in body["text"]
             fake.fail_lists = 0
             state = server.state
-            # Every informer (parents, session Leases) relists after its own backoff.
+            # Every informer (parents, replica Leases and Pods) relists after its own backoff.
             await wait_for(
                 lambda: (
                     all(c.synced for c in state.caches.values())

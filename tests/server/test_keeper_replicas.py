@@ -1,76 +1,146 @@
-"""Two cluster-mode replicas keep one console once, through a session Lease.
+"""A kept, recorded console across replicas: its owner keeps and records it, any replica serves it.
 
-Both are the real server against the fake apiserver and its Leases. The
-machine opts in to a kept console; exactly one replica dials it, the other
-answers its writers 503 naming why; when the keeping replica stops, the
-other takes the console over (the real-apiserver e2e kills the replica).
+Two real cluster-mode replicas (`tests.server.replicas`), each with its own
+recordings directory. The machine opts in to a kept and recorded console;
+only its owner dials it, writers and observers on the other replica share
+that one connection, and the recording the owner writes is listed and read
+through either replica. When the owner goes, the other keeps the console:
+cleanly (its Lease deleted) or lost (its Pod no longer Ready), which the next
+recording says.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-import pytest
 
+from subres.protocol import asciicast
 from subres.server.run import Server
-from subres.sessions.leases import lease_name
-from subres.sessions.registry import SessionKey
-from tests.server.test_replicas import as_user, echoes, replicas, url
-from tests.support import Backend, machine, wait_for
+from tests.server.replicas import (
+    PATH,
+    as_user,
+    echoes,
+    owner_and_other,
+    pod,
+    replicas,
+    url,
+)
+from tests.support import Backend, wait_for
 
-KEEPER_SLOT = SessionKey("machines", "console-keeper", "default", "vm")
+OPT_IN = {"subres.dev/keep-console": "true", "subres.dev/record-console": "true"}
 
 
 def keeping(server: Server) -> bool:
     return server.state.metrics.registry.get_sample_value("subres_consoles_kept") == 1
 
 
-async def test_one_replica_keeps_the_console_and_the_other_takes_over_when_it_stops(
+def recording_config(tmp: Path) -> Any:
+    def config(replica: str) -> dict[str, Any]:
+        return {"consoles": {"recordings": {"directory": str(tmp / f"recordings-{replica}")}}}
+
+    return config
+
+
+async def get(http: aiohttp.ClientSession, tmp: Path, server: Server, path: str) -> bytes:
+    where = f"https://127.0.0.1:{server.port}{PATH}{path}"
+    async with http.get(where, **as_user(tmp, "auditor")) as r:
+        assert r.status == 200, await r.text()
+        assert "Warning" not in r.headers
+        return await r.read()
+
+
+async def test_the_owner_keeps_and_records_and_either_replica_serves_both(
     tmp_path: Path, backend: Backend
 ) -> None:
-    async with replicas(tmp_path, backend) as (fake, (a, b)), aiohttp.ClientSession() as http:
-        vm = machine("vm", console=backend.url)
-        vm["metadata"]["annotations"] = {"subres.dev/keep-console": "true"}
-        await fake.put(vm)
-        await wait_for(lambda: keeping(a) or keeping(b))
-        holder, other = (a, b) if keeping(a) else (b, a)
+    async with (
+        replicas(tmp_path, backend, config=recording_config(tmp_path), annotations=OPT_IN) as (
+            _,
+            servers,
+        ),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, other = owner_and_other(servers)
+        await wait_for(lambda: keeping(owner))
         await backend.wait_open(1)
-        lease = fake.lease("subres-system", lease_name(KEEPER_SLOT))
-        assert lease is not None
-        name = "replica-a" if holder is a else "replica-b"
-        assert lease["spec"]["holderIdentity"].startswith(f"{name}/")
-        # The writer of the replica that keeps it shares the kept connection...
-        async with http.ws_connect(url(holder, "console"), **as_user(tmp_path, "alice")) as ws:
-            await echoes(ws, b"kept")
-        assert backend.accepted == 1
-        # ...the other replica dials nothing and says why.
-        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-            await http.ws_connect(url(other, "console"), **as_user(tmp_path, "bob"))
-        assert refused.value.status == 503
-        assert backend.accepted == 1
-        await holder.stop()
+        assert not keeping(other)
+        async with http.ws_connect(url(other, "console"), **as_user(tmp_path, "alice")) as ws:
+            banner = await ws.receive_bytes(timeout=5)
+            assert b"this console session is recorded" in banner
+            await echoes(ws, b"kept\r\n")
+        async with http.ws_connect(
+            url(other, "console", "?tail=1"), **as_user(tmp_path, "bob")
+        ) as ws:
+            replayed = b""
+            while b"kept" not in replayed:
+                replayed += await ws.receive_bytes(timeout=5)
+        assert backend.accepted == 1  # every writer shared the owner's kept connection
+        for asked in (other, owner):
+            items = json.loads(await get(http, tmp_path, asked, "recordings"))["items"]
+            assert len(items) == 2
+        recorded = {}
+        for item in items:
+            body = await get(http, tmp_path, other, f"recordings/{item['name']}")
+            _, events = asciicast.read(body.splitlines())
+            seen = [(e.code, e.data) for e in events]
+            first = next(data for code, data in seen if code == "m")
+            recorded[first] = "".join(data for code, data in seen if code == "o")
+        via = other.state.replica
+        assert set(recorded) == {
+            f"alice (writer, via {via}) attached",
+            f"bob (writer, via {via}) attached",
+        }
+        assert "kept\r\n" in recorded[f"alice (writer, via {via}) attached"]
+
+
+async def test_when_the_owner_stops_the_other_replica_keeps_the_console(
+    tmp_path: Path, backend: Backend
+) -> None:
+    async with (
+        replicas(tmp_path, backend, annotations=OPT_IN) as (_, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, other = owner_and_other(servers)
+        await wait_for(lambda: keeping(owner))
+        async with http.ws_connect(url(owner, "console"), **as_user(tmp_path, "alice")) as ws:
+            await echoes(ws, b"before")
+            await owner.stop()
+            closing = await ws.receive(timeout=5)
+            assert closing.type == aiohttp.WSMsgType.CLOSE
+            assert closing.data == 1001
         await wait_for(lambda: keeping(other))
         await backend.wait_open(1)
-        moved = fake.lease("subres-system", lease_name(KEEPER_SLOT))
-        assert moved is not None and not moved["spec"]["holderIdentity"].startswith(f"{name}/")
         async with http.ws_connect(url(other, "console"), **as_user(tmp_path, "bob")) as ws:
             await echoes(ws, b"kept elsewhere")
 
 
-async def test_each_replica_lists_the_writer_the_other_one_serves(
+async def test_a_lost_owner_is_marked_in_the_next_recording(
     tmp_path: Path, backend: Backend
 ) -> None:
-    async with replicas(tmp_path, backend) as (_, (a, b)), aiohttp.ClientSession() as http:
-        async with http.ws_connect(url(a, "console"), **as_user(tmp_path, "alice")) as ws:
-            await echoes(ws, b"mine")
-            await wait_for(
-                lambda: b.state.sessions.active(SessionKey("machines", "console", "default", "vm"))
-            )
-            sessions = url(b, "sessions").replace("wss://", "https://")
-            async with http.get(sessions, **as_user(tmp_path, "bob")) as r:
-                listing = await r.json()
-        (item,) = listing["items"]
-        assert (item["user"], item["mode"], item["replica"]) == ("alice", "writer", "replica-a")
-        assert (item["bytesUp"], item["clientAddress"]) == (None, "")
-        assert item["since"].endswith("Z")
+    async with (
+        replicas(tmp_path, backend, config=recording_config(tmp_path), annotations=OPT_IN) as (
+            fake,
+            servers,
+        ),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, other = owner_and_other(servers)
+        await wait_for(lambda: keeping(owner))
+        # The kubelet reports the owner's Pod not Ready (its node is lost, say): its
+        # Lease is still there, so it did not leave; it was lost.
+        await fake.put_pod(pod(owner.state.replica, owner.peer_port, ready=False))
+        await wait_for(lambda: keeping(other))
+        async with http.ws_connect(url(other, "console"), **as_user(tmp_path, "bob")) as ws:
+            assert b"recorded" in await ws.receive_bytes(timeout=5)
+            await echoes(ws, b"after\r\n")
+        items = json.loads(await get(http, tmp_path, other, "recordings"))["items"]
+        (item,) = items
+        body = await get(http, tmp_path, owner, f"recordings/{item['name']}")
+        _, events = asciicast.read(body.splitlines())
+        markers = [e.data for e in events if e.code == "m"]
+        assert markers[0] == (
+            f"the replica {owner.state.replica} that kept this console was lost; "
+            f"{other.state.replica} keeps it now"
+        )

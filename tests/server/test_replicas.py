@@ -1,153 +1,187 @@
-"""Two cluster-mode replicas behind one (fake) apiserver agree on who holds a console or vnc.
+"""Replicas that serve any client of any console: the owner holds it, the others relay.
 
-Both are the real server from `complete_cluster`, each with its own
-apiserver client, watch and session table; they share only the fake
-apiserver's Leases. Clients reach each replica with the front-proxy
-certificate, as kube-apiserver would after its Service picked one.
+Two real cluster-mode replicas and their Pods in the fake apiserver
+(`tests.server.replicas`). Whichever replica a client reaches (its front),
+the console's owner holds the slot and the observers; what everyone sees is
+the same bytes, takeover and `preserveSession` work across replicas, and
+the sessions list is complete from either.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import functools
+import hashlib
 import json
-from collections.abc import AsyncIterator
+import os
+import struct
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
-from subres.server.run import Server, complete_cluster
-from subres.serving import certs
-from subres.sessions.leases import USER_ANNOTATION, lease_name
-from subres.sessions.registry import SessionKey
-from tests.fakeapi import FakeApiServer, start_fake
-from tests.server.test_cluster import FAST, PROXY_CA, client_ssl, configmap, options
-from tests.support import GROUP_VERSION, Backend, machine, wait_for
-
-PATH = f"/apis/{GROUP_VERSION}/namespaces/default/machines/vm/"
+from subres.demo.vnc import Display, VncServer
+from tests.server.replicas import as_user, echoes, owner_and_other, replicas, url
+from tests.support import GROUP_VERSION, Backend, relay_to_unix, wait_for
 
 
-@contextlib.asynccontextmanager
-async def replicas(
-    tmp: Path, backend: Backend
-) -> AsyncIterator[tuple[FakeApiServer, list[Server]]]:
-    """A fake apiserver with Machine `vm` (console and vnc on `backend`) and two replicas."""
-    async with start_fake(tmp) as fake:
-        await fake.put(configmap(), configmap=True)
-        vm = machine("vm", console=backend.url)
-        vm["status"]["vnc"] = {"endpoint": backend.url}
-        await fake.put(vm)
-        fake.allow = lambda spec: True
-        servers: list[Server] = []
-        try:
-            for name in ("replica-a", "replica-b"):
-                server = await complete_cluster(
-                    options(tmp, fake, replica_name=name), informers=FAST
-                )
-                servers.append(server)
-                await server.start()
-            await wait_for(lambda: all(_ready(s) for s in servers))
-            yield fake, servers
-        finally:
-            for server in servers:
-                await server.stop()
-
-
-def _ready(server: Server) -> bool:
-    return all(check() for check in server.state.readiness.values()) and all(
-        c.synced for c in server.state.caches.values()
-    )
-
-
-def as_user(tmp: Path, user: str) -> dict[str, Any]:
-    """What aiohttp needs to reach a replica as kube-apiserver's front proxy, for `user`."""
-    proxy = certs.issue_client(PROXY_CA, user="front-proxy-client", groups=[])
-    return {"ssl": client_ssl(tmp, proxy), "headers": {"X-Remote-User": user}}
-
-
-async def echoes(ws: aiohttp.ClientWebSocketResponse, data: bytes) -> None:
-    """`data` goes to the echo backend and comes back."""
-    await ws.send_bytes(data)
-    assert await ws.receive_bytes(timeout=5) == data
-
-
-def url(server: Server, sub: str, query: str = "") -> str:
-    return f"wss://127.0.0.1:{server.port}{PATH}{sub}{query}"
-
-
-# Each test opens its own sessions: the `ws_connect` shape repeats, replica and user differ.
-
-
-async def test_a_console_taken_over_through_the_other_replica_closes_with_4001(
+async def test_an_observer_on_one_replica_sees_byte_for_byte_what_a_writer_on_the_other_sees(
     tmp_path: Path, backend: Backend
 ) -> None:
-    async with replicas(tmp_path, backend) as (fake, (a, b)), aiohttp.ClientSession() as http:
-        async with http.ws_connect(url(a, "console"), **as_user(tmp_path, "alice")) as first:
-            await echoes(first, b"mine")
-            async with http.ws_connect(url(b, "console"), **as_user(tmp_path, "bob")) as second:
-                closing = await first.receive(timeout=5)
+    async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
+        owner, other = owner_and_other(servers)
+        async with (
+            http.ws_connect(url(other, "console-observe"), **as_user(tmp_path, "olive")) as far,
+            http.ws_connect(url(owner, "console-observe"), **as_user(tmp_path, "otto")) as near,
+            http.ws_connect(url(other, "console"), **as_user(tmp_path, "alice")) as writer,
+        ):
+            sent = os.urandom(256 << 10)
+            seen = {"writer": b"", "far": b"", "near": b""}
+            for start in range(0, len(sent), 16 << 10):
+                await writer.send_bytes(sent[start : start + (16 << 10)])
+            for name, ws in (("writer", writer), ("far", far), ("near", near)):
+                while len(seen[name]) < len(sent):
+                    seen[name] += await ws.receive_bytes(timeout=10)
+        digests = {name: hashlib.sha256(data).hexdigest() for name, data in seen.items()}
+        assert digests == dict.fromkeys(seen, hashlib.sha256(sent).hexdigest())
+        assert backend.accepted == 1  # one connection, held by the owner
+
+
+@pytest.mark.parametrize("first_on_owner", [True, False])
+async def test_a_console_taken_over_through_either_replica_closes_with_4001(
+    tmp_path: Path, backend: Backend, first_on_owner: bool
+) -> None:
+    async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
+        owner, other = owner_and_other(servers)
+        first, second = (owner, other) if first_on_owner else (other, owner)
+        async with http.ws_connect(url(first, "console"), **as_user(tmp_path, "alice")) as ws1:
+            await echoes(ws1, b"mine")
+            async with http.ws_connect(url(second, "console"), **as_user(tmp_path, "bob")) as ws2:
+                closing = await ws1.receive(timeout=5)
                 assert closing.type == aiohttp.WSMsgType.CLOSE
                 assert (closing.data, closing.extra) == (
                     4001,
                     "console of default/vm taken over by bob",
                 )
-                await echoes(second, b"now mine")
-                lease = fake.lease("subres-system", lease_name(_key("console")))
-                assert lease is not None
-                assert lease["spec"]["holderIdentity"].startswith("replica-b/")
-                assert lease["metadata"]["annotations"][USER_ANNOTATION] == "bob"
+                await echoes(ws2, b"now mine")
         await backend.wait_open(0)
-        # Both sessions ended: no Lease is left behind.
-        await wait_for(lambda: not fake.leases.objects)
+        # Nothing is left behind on either side: no slot, no session, no peer session.
+        await wait_for(lambda: not owner.state.sessions.exclusive)
+        await wait_for(lambda: not owner.state.sessions.live and not other.state.sessions.live)
 
 
-async def test_preserve_session_is_refused_through_the_other_replica(
+async def test_preserve_session_is_refused_through_the_other_replica_before_dialing(
     tmp_path: Path, backend: Backend
 ) -> None:
-    async with replicas(tmp_path, backend) as (_, (a, b)), aiohttp.ClientSession() as http:
-        async with http.ws_connect(url(a, "vnc"), **as_user(tmp_path, "alice")) as held:
+    async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
+        owner, other = owner_and_other(servers, "vnc")
+        async with http.ws_connect(url(owner, "vnc"), **as_user(tmp_path, "alice")) as held:
             await echoes(held, b"rfb")
-            await wait_for(lambda: b.state.sessions.active(_key("vnc")))
             accepted = backend.accepted
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await http.ws_connect(
-                    url(b, "vnc", "?preserveSession=true"), **as_user(tmp_path, "bob")
+                    url(other, "vnc", "?preserveSession=true"), **as_user(tmp_path, "bob")
                 )
             assert refused.value.status == 409
-            assert backend.accepted == accepted  # refused before dialing
+            assert backend.accepted == accepted
             await echoes(held, b"still mine")
-        await wait_for(lambda: not b.state.sessions.active(_key("vnc")))
+        await wait_for(lambda: not owner.state.sessions.exclusive)
         async with http.ws_connect(
-            url(b, "vnc", "?preserveSession=true"), **as_user(tmp_path, "bob")
+            url(other, "vnc", "?preserveSession=true"), **as_user(tmp_path, "bob")
         ) as kept:
             await echoes(kept, b"free now")
 
 
-async def test_lease_writes_refused_by_rbac_are_a_503_before_any_upgrade(
+async def test_the_sessions_list_is_complete_from_either_replica_with_client_and_bytes(
     tmp_path: Path, backend: Backend
 ) -> None:
-    async with replicas(tmp_path, backend) as (fake, (a, _)), aiohttp.ClientSession() as http:
-        fake.lease_error = 403
-        async with http.get(
-            url(a, "console").replace("wss://", "https://"),
-            headers={
-                **as_user(tmp_path, "alice")["headers"],
-                "Connection": "Upgrade",
-                "Upgrade": "websocket",
-                "Sec-WebSocket-Version": "13",
-                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-            },
-            ssl=as_user(tmp_path, "alice")["ssl"],
-        ) as response:
-            assert response.status == 503
-            status = json.loads(await response.text())
-        assert status["kind"] == "Status" and status["code"] == 503
-        assert (
-            "cannot coordinate the console of default/vm with other replicas" in (status["message"])
-        )
-        await backend.wait_open(0)
+    async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
+        owner, other = owner_and_other(servers)
+        async with (
+            http.ws_connect(url(other, "console"), **as_user(tmp_path, "alice")) as writer,
+            http.ws_connect(url(owner, "console-observe"), **as_user(tmp_path, "olive")),
+        ):
+            await echoes(writer, b"12345")
+            for asked in (owner, other):
+                sessions = url(asked, "sessions").replace("wss://", "https://")
+                async with http.get(sessions, **as_user(tmp_path, "bob")) as r:
+                    assert "Warning" not in r.headers
+                    listing = await r.json()
+                found = {(i["user"], i["mode"], i["replica"]) for i in listing["items"]}
+                assert found == {
+                    ("alice", "writer", other.state.replica),
+                    ("olive", "observer", owner.state.replica),
+                }
+                (alice,) = [i for i in listing["items"] if i["user"] == "alice"]
+                assert (alice["bytesUp"], alice["bytesDown"]) == (5, 5)
+                assert alice["clientAddress"] == "127.0.0.1"
+            # Per namespace too, each replica asked only for what the list shows.
+            base = f"https://127.0.0.1:{other.port}/apis/{GROUP_VERSION}/namespaces"
+            for namespace, count in (("default", 2), ("elsewhere", 0)):
+                async with http.get(
+                    f"{base}/{namespace}/sessions", **as_user(tmp_path, "bob")
+                ) as r:
+                    assert len((await r.json())["items"]) == count
 
 
-def _key(sub: str) -> SessionKey:
-    return SessionKey("machines", sub, "default", "vm")
+async def test_the_peer_port_admits_only_replica_certificates(
+    tmp_path: Path, backend: Backend
+) -> None:
+    async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
+        server = servers[0]
+        where = f"https://127.0.0.1:{server.peer_port}/peer/v1/sessions"
+        # A user's certificate from the front-proxy CA: the handshake itself fails.
+        with pytest.raises(aiohttp.ClientError):
+            async with http.get(where, **as_user(tmp_path, "mallory")):
+                pass
+        # The replica certificate gets the listing.
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "replica-ca.crt"))
+        ctx.load_cert_chain(tmp_path / "replica.crt", tmp_path / "replica.key")
+        async with http.get(where, ssl=ctx, server_hostname="subres-replica") as r:
+            assert r.status == 200
+            assert json.loads(await r.text()) == {"items": []}
+
+
+async def full_frame(ws: aiohttp.ClientWebSocketResponse) -> bytes:
+    """An RFB 3.8 viewer's handshake (security None) and one full framebuffer update, as read."""
+    got = bytearray()
+
+    async def until(size: int) -> bytes:
+        while len(got) < size:
+            got.extend(await ws.receive_bytes(timeout=10))
+        return bytes(got[:size])
+
+    await until(12)
+    await ws.send_bytes(b"RFB 003.008\n")
+    await until(14)
+    await ws.send_bytes(b"\x01")
+    await until(18)
+    await ws.send_bytes(b"\x01")
+    head = (await until(18 + 24))[18:]
+    width, height = struct.unpack(">HH", head[:4])
+    (name,) = struct.unpack(">I", head[20:24])
+    await ws.send_bytes(b"\x03\x00" + struct.pack(">HHHH", 0, 0, width, height))
+    return await until(18 + 24 + name + 16 + width * height * head[4] // 8)
+
+
+async def test_a_view_only_viewer_on_one_replica_sees_the_display_the_viewer_on_the_other_sees(
+    tmp_path: Path,
+) -> None:
+    display = VncServer(tmp_path / "vnc.sock", display=Display(clock=lambda: "12:00:00"))
+    await display.start()
+    vnc = await Backend(handler=functools.partial(relay_to_unix, tmp_path / "vnc.sock")).start_tcp()
+    try:
+        async with replicas(tmp_path, vnc) as (_, servers), aiohttp.ClientSession() as http:
+            owner, other = owner_and_other(servers, "vnc")
+            async with (
+                http.ws_connect(url(owner, "vnc"), **as_user(tmp_path, "alice")) as viewer,
+                http.ws_connect(url(other, "vnc-observe"), **as_user(tmp_path, "olive")) as watcher,
+            ):
+                seen, watched = await asyncio.gather(full_frame(viewer), full_frame(watcher))
+        assert len(seen) > 1_000_000  # the whole 640x400 screen
+        assert hashlib.sha256(seen).digest() == hashlib.sha256(watched).digest()
+    finally:
+        await vnc.stop()
+        await display.stop()
