@@ -214,6 +214,7 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
         exclusive=ask.mode in (WRITER, VIEWER),
         preserve=ask.preserve,
         mode=ask.mode,
+        via=ask.front,
     )
     try:
         await held.__aenter__()

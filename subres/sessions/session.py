@@ -257,8 +257,11 @@ class Hold:
         preserve: bool,
         mode: str,
         owner: bool,
+        via: str = "",
     ) -> None:
         self.state = state
+        self.via = via
+        """The front replica a peer session came through (said in the recording)."""
         self.user = user
         self.target = target
         self.exclusive = exclusive
@@ -293,7 +296,7 @@ class Hold:
             seat = await recordings.join(
                 key(target),
                 start=self._start,
-                who=f"{self.user} ({self.mode})",
+                who=f"{self.user} ({self.mode}{f', via {self.via}' if self.via else ''})",
                 what=f"{target.describe()} {target.spec.name}",
                 required=target.spec.record == "required",
             )
@@ -385,12 +388,14 @@ def hold(
     preserve: bool = False,
     mode: str = "",
     owner: bool = True,
+    via: str = "",
 ) -> Hold:
     """The session's exclusive slot (when `exclusive`) and its place in the recording, to
     enter before the upgrade (see the module docstring).
 
     With `preserve`, a slot another session holds is a 409 instead of a takeover.
-    `owner` False: another replica owns the unit and records the session.
+    `owner` False: another replica owns the unit and records the session;
+    `via`: the front replica of a peer session.
     """
     return Hold(
         state,
@@ -400,6 +405,7 @@ def hold(
         preserve=preserve,
         mode=mode,
         owner=owner,
+        via=via,
     )
 
 
