@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from subres import fields
+from subres import fields, policies
+from subres.policies import LimitRule, Moderation
 
 __all__ = [
     "ANY_PORT",
@@ -285,6 +286,11 @@ class Config:
     anyone who may edit a parent object can change. Off, endpoints come from `.status`,
     written through the status subresource that namespace editors do not get."""
     consoles: ConsolesSpec = ConsolesSpec()
+    limits: tuple[LimitRule, ...] = ()
+    """Per-role limits (`policies.LimitRule`): the strictest that matches a session wins."""
+    moderation: tuple[Moderation, ...] = ()
+    """Which sessions need moderators watching (`policies.Moderation`); the first that
+    matches applies."""
 
     def parent(self, resource: str) -> ParentSpec | None:
         """The parent kind served under `resource`."""
@@ -351,6 +357,8 @@ def parse(data: Any) -> Config:
         "serverVersion",
         "endpointsFromSpec",
         "consoles",
+        "limits",
+        "moderation",
     }
     doc = _mapping(data, "config", keys)
     default = Config()
@@ -367,6 +375,7 @@ def parse(data: Any) -> Config:
         server_version=_server_version(doc.get("serverVersion", {})),
         endpoints_from_spec=from_spec,
         consoles=_consoles(doc.get("consoles", {})),
+        **_policies(doc),
     )
     resources = [p.resource for p in cfg.parents]
     if not resources or len(set(resources)) != len(resources):
@@ -380,6 +389,17 @@ def parse(data: Any) -> Config:
     if not from_spec:
         _check_trusted(cfg.parents)
     return cfg
+
+
+def _policies(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`limits` and `moderation`, read by `policies`."""
+    try:
+        return {
+            "limits": policies.parse_limits(doc.get("limits", [])),
+            "moderation": policies.parse_moderation(doc.get("moderation", [])),
+        }
+    except policies.PolicyError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_trusted(parents: tuple[ParentSpec, ...]) -> None:

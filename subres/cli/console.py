@@ -20,12 +20,13 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import BinaryIO
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from subres.cli import api, kubeconfig, reconnect, terminal
+from subres.cli import api, kubeconfig, reconnect, terminal, timeleft
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.protocol import channels
@@ -76,7 +77,12 @@ async def _console(
             started = loop.time()
             try:
                 session = _Session(
-                    ws, _dialect(ws), fd=fd, interactive=interactive, observe=ns.observe
+                    ws,
+                    _dialect(ws),
+                    fd=fd,
+                    interactive=interactive,
+                    observe=ns.observe,
+                    target=str(target),
                 )
                 code = await session.run(may_reconnect=ns.reconnect)
             finally:
@@ -216,8 +222,10 @@ class _Session:
         fd: int,
         interactive: bool,
         observe: bool = False,
+        target: str = "",
     ) -> None:
         self._ws = ws
+        self._target = target
         self._dialect = dialect
         self._fd = fd
         self._interactive = interactive
@@ -226,6 +234,7 @@ class _Session:
         self._stdout = _Output(sys.stdout.buffer)
         self._stderr = _Output(sys.stderr.buffer)
         self._status = bytearray()
+        self._typed = time.monotonic()
         self.dropped = ""
         """Why the session ended in a way worth reconnecting after (see `run`)."""
 
@@ -239,7 +248,7 @@ class _Session:
         up = asyncio.create_task(self._up())
         down = asyncio.create_task(self._down())
         stop = asyncio.create_task(stopped.wait())
-        tasks = {up, down, stop}
+        tasks = {up, down, stop, asyncio.create_task(self._time_left())}
         if self._interactive:
             tasks.add(asyncio.create_task(self._resize()))
         try:
@@ -262,6 +271,17 @@ class _Session:
                 task.cancel()
             await asyncio.wait(tasks)
 
+    async def _time_left(self) -> None:
+        """Say how long the session has left once a limit of the server's is near."""
+        response = self._ws.response
+        if response is None:
+            return
+        await timeleft.watch(
+            response.headers,
+            say=lambda line: _say(f"{self._target}: {line}", interactive=self._interactive),
+            last_input=None if self._observe else lambda: self._typed,
+        )
+
     async def _up(self) -> bool:
         """Copy stdin to the server; True when the user pressed the escape key."""
         try:
@@ -273,6 +293,7 @@ class _Session:
                     return True
                 if not self._observe:
                     await self._send(channels.STDIN, data)
+                    self._typed = time.monotonic()
             if self._dialect.close_signal:
                 await self._ws.send(bytes((channels.CLOSE_SIGNAL, channels.STDIN)))
         except ConnectionClosed:

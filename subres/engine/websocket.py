@@ -72,6 +72,10 @@ class CloseCode:
     """An observer that read the console too slowly was cut off."""
     RECORDING_FAILED = 4003
     """The session's required recording stopped being writable (`record: required`)."""
+    MAX_DURATION = 4004
+    """The session reached the longest a limit lets it last (`maxSessionDuration`)."""
+    IDLE = 4005
+    """The session went without input for as long as a limit allows (`idleTimeout`)."""
 
 
 async def close_websocket(ws: web.WebSocketResponse, code: int, reason: str) -> None:

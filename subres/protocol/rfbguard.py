@@ -85,6 +85,8 @@ class ViewerGuard:
         self._server = bytearray()
         self._minor = 0
         self._security: int | None = None
+        self.dropped = 0
+        """Messages dropped so far (a view-only viewer's input)."""
 
     @property
     def transparent(self) -> bool:
@@ -204,6 +206,8 @@ class ViewerGuard:
         message = self._take(size)
         if message is None:
             return None
+        if not passed:
+            self.dropped += 1
         return message if passed else b""
 
     def _size(self, kind: int) -> tuple[int | None, bool]:

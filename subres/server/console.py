@@ -55,18 +55,19 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
     ):
         protocol = remotecommand.negotiate(request)
-        backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
+        backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
         return await remotecommand.serve(
             state,
             request,
             target=target,
             protocol=protocol,
             backend=backend,
-            exclusive=exclusive,
+            exclusive=not relayed and mode == session.WRITER,
+            owner=not relayed,
             mode=mode,
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
-    backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
+    backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
     return await streaming.serve(
         state,
         request,
@@ -74,7 +75,8 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         ws=ws,
         dialect=dialect,
         backend=backend,
-        exclusive=exclusive,
+        exclusive=not relayed and mode == session.WRITER,
+        owner=not relayed,
         mode=mode,
     )
 
@@ -88,17 +90,17 @@ async def _backend(
     mode: str,
     tail: int | None,
 ) -> tuple[ByteStream, bool]:
-    """The session's backend, and whether the session holds the slot here.
+    """The session's backend, and whether it is relayed to another replica.
 
     When another replica owns the console, a peer session there (which holds
-    the slot); else the console here.
+    the slot and records); else the console here.
     """
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=False, tail=tail)
     if relayed is not None:
-        return relayed, False
+        return relayed, True
     if mode == session.OBSERVER:
         return sharing.observe(state, target, tail=tail), False
-    return await sharing.write(state, target, url, tail=tail), True
+    return await sharing.write(state, target, url, tail=tail), False
 
 
 def _tail(request: web.Request) -> int | None:

@@ -24,6 +24,7 @@ from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
 from subres.engine.tunnel import WebSocketCarrier
 from subres.kube.status import StatusError
+from subres.policies import Limits
 from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
 from subres.protocol.spdy import Role
@@ -50,8 +51,9 @@ async def handle_spdy(state: State, request: web.Request) -> web.StreamResponse:
         )
     except httpstream.HandshakeRefused as exc:
         raise refusal(exc) from None
+    granted = session.admit(state, who(request), target=target)
     response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
-    await _serve(state, request, target, socket, dialect=f"spdy/{protocol}")
+    await _serve(state, request, target, socket, dialect=f"spdy/{protocol}", limits=granted)
     return response
 
 
@@ -61,8 +63,10 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
     ws = handshake.websocket_response(
         state, request, what="portforward", subprotocol=pairs.TUNNEL_PROTOCOL
     )
+    granted = session.admit(state, who(request), target=target)
     await ws.prepare(request)
-    await _serve(state, request, target, WebSocketCarrier(ws), dialect=pairs.TUNNEL_PROTOCOL)
+    carrier = WebSocketCarrier(ws)
+    await _serve(state, request, target, carrier, dialect=pairs.TUNNEL_PROTOCOL, limits=granted)
     return ws
 
 
@@ -73,12 +77,20 @@ def refusal(exc: httpstream.HandshakeRefused) -> StatusError:
 
 
 async def _serve(
-    state: State, request: web.Request, target: Target, carrier: Carrier, *, dialect: str
+    state: State,
+    request: web.Request,
+    target: Target,
+    carrier: Carrier,
+    *,
+    dialect: str,
+    limits: Limits,
 ) -> None:
     spdy = SpdySession(carrier, role=Role.SERVER, ping_interval=state.config.session.ping_interval)
     async with (
         spdy,
-        session.live(state, who(request), target=target, dialect=dialect, client=spdy) as live,
+        session.live(
+            state, who(request), target=target, dialect=dialect, client=spdy, limits=limits
+        ) as live,
     ):
         await live.run(_Forwarder(state, target, spdy, live.record.traffic).run())
 

@@ -22,7 +22,6 @@ import logging
 
 from aiohttp import web
 
-from subres.backends.peer import PeerStream
 from subres.engine import upgrade
 from subres.engine.pump import Outcome, Traffic, pump
 from subres.engine.spdy import SpdySession, SpdyStream
@@ -34,7 +33,7 @@ from subres.protocol.spdy import Role
 from subres.server import portforward_spdy
 from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.sessions import session
+from subres.sessions import limits, session
 from subres.sessions.target import Target
 
 __all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "negotiate", "serve"]
@@ -67,20 +66,22 @@ async def serve(
     backend: ByteStream,
     exclusive: bool,
     mode: str,
+    owner: bool = True,
 ) -> web.StreamResponse:
-    """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`."""
+    """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`
+    (`owner` False: it relays to the replica that owns the unit)."""
     try:
+        granted = session.admit(state, who(request), target=target, mode=mode)
         async with session.hold(
             state,
             request[USER].name,
             target=target,
             exclusive=exclusive,
             mode=mode,
-            owner=not isinstance(backend, PeerStream),
+            owner=owner,
         ) as held:
-            response, socket = await upgrade.upgrade(
-                request, httpstream.switching_headers(protocol)
-            )
+            headers = [*httpstream.switching_headers(protocol), *limits.headers(granted).items()]
+            response, socket = await upgrade.upgrade(request, headers)
             spdy = SpdySession(
                 socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
             )
@@ -96,6 +97,7 @@ async def serve(
                     held=held,
                     mode=mode,
                     backend=backend,
+                    limits=granted,
                 ) as live,
             ):
                 await live.run(_serve(client, backend, live.record.traffic))

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from subres.backends.peer import PeerStream
 from subres.engine.pump import pump
 from subres.engine.stream import ByteStream, Terminal
 from subres.engine.websocket import WebSocketClient
@@ -21,7 +20,7 @@ from subres.protocol.channels import Dialect
 from subres.server import handshake
 from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.sessions import session
+from subres.sessions import limits, session
 from subres.sessions.target import Target
 
 __all__ = ["negotiate", "serve"]
@@ -54,10 +53,17 @@ async def serve(
     exclusive: bool,
     preserve: bool = False,
     mode: str = "",
+    owner: bool = True,
 ) -> web.WebSocketResponse:
-    """Take the session's slot, upgrade, then pump between the client and `backend`."""
+    """Take the session's slot, upgrade, then pump between the client and `backend`.
+
+    `owner` False: `backend` relays to the replica that owns the unit, which
+    holds the slot and records.
+    """
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
+        granted = session.admit(state, who(request), target=target, mode=mode)
+        ws.headers.update(limits.headers(granted))
         async with session.hold(
             state,
             request[USER].name,
@@ -65,7 +71,7 @@ async def serve(
             exclusive=exclusive,
             preserve=preserve,
             mode=mode,
-            owner=not isinstance(backend, PeerStream),
+            owner=owner,
         ) as held:
             await ws.prepare(request)
             async with session.live(
@@ -77,6 +83,7 @@ async def serve(
                 held=held,
                 mode=mode,
                 backend=backend,
+                limits=granted,
             ) as live:
                 await client.hello()
                 await live.run(pump(client, backend, live.record.traffic))

@@ -22,7 +22,7 @@ from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import peer, session
 from subres.sessions.target import key
-from subres.sessions.viewer import GuardedDisplay
+from subres.sessions.viewer import GuardedDisplay, InputWatch
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
@@ -63,8 +63,10 @@ async def _view(
         target=target,
         ws=ws,
         dialect=dialect,
-        backend=backend,
+        # The front tells an interactive viewer's input from its update requests (idle timeout).
+        backend=backend if view_only else InputWatch(backend),
         exclusive=relayed is None and not view_only,
         preserve=preserve,
         mode=mode,
+        owner=relayed is None,
     )

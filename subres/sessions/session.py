@@ -39,15 +39,17 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
-from subres.sessions import events, recordings
+from subres.policies import Limits
+from subres.sessions import events, limits, recordings
 from subres.sessions.display import DisplayRecorder, DisplayUnavailable
+from subres.sessions.limits import Watch, rbac_name
 from subres.sessions.recorder import Recorder
 from subres.sessions.recordings import Recording, RecordingUnavailable, Seat
 from subres.sessions.registry import Busy, Claim, Closable
@@ -62,6 +64,7 @@ __all__ = [
     "Hold",
     "Live",
     "Record",
+    "admit",
     "busy",
     "hold",
     "live",
@@ -155,6 +158,7 @@ class Live:
         transport: asyncio.BaseTransport | None,
         target: Target,
         backend: object = None,
+        limits: Limits | None = None,
     ) -> None:
         self.state = state
         self.record = record
@@ -165,6 +169,18 @@ class Live:
         self.target = target
         """The parent as it was when the session started (Events name it)."""
         self.backend = backend
+        self.limits = limits
+        self._watch: Watch | None = None
+
+    @property
+    def user(self) -> str:
+        """Whose session (what `maxSessionsPerUser` counts)."""
+        return self.record.user
+
+    @property
+    def rbac(self) -> str:
+        """Its subresource as RBAC names it (`console-observe`)."""
+        return rbac_name(self.record.subresource, self.record.mode)
 
     @property
     def parent(self) -> Mapping[str, Any]:
@@ -179,12 +195,26 @@ class Live:
             attached(self._close_later)
         if self.seat is not None:
             self._recorded(self.seat)
+        if self.limits is not None:
+            self._watch = Watch(self.limits, close=self._close_later, last_input=self._input())
         if getattr(self.backend, "recorded", False) is True:
             self.record.recorded = True  # by the replica that owns the console
         fields = self.record.fields()
         self.state.audit.started(fields)
         self._event(events.opened(fields))
         return self
+
+    def _input(self) -> Callable[[], float] | None:
+        """When the client last gave input, for its idle timeout; None for a session that
+        takes none. A backend that tells input from other bytes (a display's viewer, whose
+        update requests are not input) says when itself."""
+        if self.record.mode not in (WRITER, VIEWER, FORWARDER):
+            return None
+        last_input = getattr(self.backend, "last_input", None)
+        if callable(last_input):
+            return cast("Callable[[], float]", last_input)
+        traffic = self.record.traffic
+        return lambda: traffic.last_up
 
     def _recorded(self, seat: Seat) -> None:
         """Tell the client it is recorded; a required recording that fails closes it."""
@@ -203,6 +233,8 @@ class Live:
         self.state.sessions.close_later(self, code, reason)
 
     async def __aexit__(self, *_: object) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         self.state.sessions.end(self.claim, self)
         _finish(self.record, self.client)
         _report(self.state, self.record)
@@ -435,11 +467,13 @@ def live(
     held: Hold | None = None,
     mode: str = "",
     backend: object = None,
+    limits: Limits | None = None,
 ) -> Live:
     """The session of `client`, to enter once upgraded: registered, counted, finally recorded.
 
     `mode` defaults to the subresource's interactive one. A `backend` with an
-    `attached(closer)` method is given a way to close this session.
+    `attached(closer)` method is given a way to close this session; `limits`
+    (from `admit`) end it when it lasts too long or goes idle.
     """
     return Live(
         state,
@@ -449,6 +483,20 @@ def live(
         transport=who.transport,
         target=target,
         backend=backend,
+        limits=limits,
+    )
+
+
+def admit(state: Runtime, who: Who, *, target: Target, mode: str = "") -> Limits:
+    """The limits of a new session of `who`, before its upgrade; 429 when the user already
+    has as many sessions as a rule allows (counting those this replica fronts)."""
+    mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
+    return limits.admit(
+        state.config.limits,
+        user=who.user,
+        groups=who.groups,
+        subresource=rbac_name(target.spec.name, mode),
+        live=[s for s in state.sessions.live if isinstance(s, Live)],
     )
 
 
