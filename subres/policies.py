@@ -130,11 +130,16 @@ class Moderation:
     ) -> bool:
         """Whether a session on `subresource` of the parent `obj` by a member of `groups`
         needs moderators under this policy."""
+        if self.groups and not any(g in self.groups for g in groups):
+            return False
+        return self.covers(obj, kind=kind, subresource=subresource)
+
+    def covers(self, obj: Mapping[str, Any], *, kind: str, subresource: str) -> bool:
+        """Whether this policy may select sessions on `subresource` of the parent `obj`
+        (whoever opens them): where its moderators may moderate."""
         if self.kinds and kind not in self.kinds:
             return False
         if subresource not in self.subresources:
-            return False
-        if self.groups and not any(g in self.groups for g in groups):
             return False
         meta = obj.get("metadata")
         found = meta.get("labels") if isinstance(meta, Mapping) else None

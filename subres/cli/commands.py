@@ -161,6 +161,16 @@ def _console(parser: argparse.ArgumentParser) -> None:
         help="watch read-only (console-observe): see what the writer sees; typing does nothing",
     )
     parser.add_argument(
+        "--moderate",
+        action="store_true",
+        help="watch as a moderator (console-moderate): a moderated writer works while you do",
+    )
+    parser.add_argument(
+        "--end",
+        action="store_true",
+        help="with --moderate: end the moderated session instead of watching it",
+    )
+    parser.add_argument(
         "--tail",
         type=int,
         metavar="LINES",

@@ -61,14 +61,26 @@ async def _console(
     target = await api.resolve(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
-    sub = "console-observe" if ns.observe else "console"
+    if ns.end and not ns.moderate:
+        raise CommandError("--end ends a moderated session: it goes with --moderate")
+    sub = "console-moderate" if ns.moderate else "console-observe" if ns.observe else "console"
+    if ns.end:
+        plain = api.object_url(config, target, group_version=group_version, websocket=False)
+        return await _end(config, f"{plain}/{sub}", target)
     query = f"?tail={ns.tail}" if ns.tail is not None else ""
     address = api.object_url(config, target, group_version=group_version) + f"/{sub}{query}"
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
     fd = sys.stdin.fileno()
     interactive = os.isatty(fd)
+    watching = ns.observe or ns.moderate
     if interactive:
-        how = "Observing (read-only)" if ns.observe else "Connected to"
+        how = (
+            "Moderating"
+            if ns.moderate
+            else "Observing (read-only)"
+            if ns.observe
+            else "Connected to"
+        )
         print(f"{how} {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     pacing = reconnect.Pacing()
@@ -81,7 +93,7 @@ async def _console(
                     _dialect(ws),
                     fd=fd,
                     interactive=interactive,
-                    observe=ns.observe,
+                    observe=watching,
                     target=str(target),
                 )
                 code = await session.run(may_reconnect=ns.reconnect)
@@ -95,6 +107,13 @@ async def _console(
                 raise CommandError(f"{target}: {session.dropped}; gave up reconnecting")
             ws = await _reconnect(config, address=address, target=target, within=left)
             _say(f"Reconnected to {target}.", interactive=interactive)
+
+
+async def _end(config: ClientConfig, url: str, target: Target) -> int:
+    """End the moderated console session of `target`; 0, the server's words on stderr."""
+    body = await api.get(config, url, max_body=1 << 16, target=target, method="DELETE")
+    print(api.json_object(body).get("message") or "ended", file=sys.stderr)
+    return 0
 
 
 def _dialect(ws: ClientConnection) -> Dialect:

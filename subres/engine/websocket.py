@@ -76,6 +76,10 @@ class CloseCode:
     """The session reached the longest a limit lets it last (`maxSessionDuration`)."""
     IDLE = 4005
     """The session went without input for as long as a limit allows (`idleTimeout`)."""
+    MODERATOR_ENDED = 4006
+    """A moderator ended the moderated session."""
+    MODERATOR_LEFT = 4007
+    """The moderators left a session whose policy says `onLeave: terminate`."""
 
 
 async def close_websocket(ws: web.WebSocketResponse, code: int, reason: str) -> None:

@@ -48,6 +48,7 @@ from aiohttp import web
 from subres.server import (
     console,
     middleware,
+    moderate,
     portforward,
     recordinglist,
     screenshot,
@@ -94,6 +95,9 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/console", console.handle),
         ("GET", f"{sub}/console-observe", console.observe),
         ("POST", f"{sub}/console-observe", console.observe),
+        ("GET", f"{sub}/console-moderate", console.moderate),
+        ("POST", f"{sub}/console-moderate", console.moderate),
+        ("DELETE", f"{sub}/console-moderate", moderate.end),
         ("GET", f"{sub}/sessions", sessionlist.for_machine),
         ("GET", f"{sub}/recordings", recordinglist.listing),
         ("GET", f"{sub}/recordings/{{file}}", recordinglist.one),
@@ -101,6 +105,8 @@ def build(state: State) -> web.Application:
         ("GET", f"/apis/{group}/{version}/sessions", sessionlist.for_namespace),
         ("GET", f"{sub}/vnc", vnc.handle),
         ("GET", f"{sub}/vnc-observe", vnc.observe),
+        ("GET", f"{sub}/vnc-moderate", vnc.moderate),
+        ("DELETE", f"{sub}/vnc-moderate", moderate.end),
         ("GET", f"{sub}/screenshot", screenshot.handle),
         # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.
         ("GET", f"{sub}/vnc/screenshot", screenshot.handle),

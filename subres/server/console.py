@@ -46,6 +46,11 @@ async def observe(state: State, request: web.Request) -> web.StreamResponse:
     return await _serve(state, request, mode=session.OBSERVER)
 
 
+async def moderate(state: State, request: web.Request) -> web.StreamResponse:
+    """A moderator: an observer whom a moderated writer waits for (`sessions.moderation`)."""
+    return await _serve(state, request, mode=session.MODERATOR)
+
+
 async def _serve(state: State, request: web.Request, *, mode: str) -> web.StreamResponse:
     target = subresource.resolve(state, request, "console")
     url = subresource.endpoint_url(target)
@@ -95,12 +100,12 @@ async def _backend(
     When another replica owns the console, a peer session there (which holds
     the slot and records); else the console here.
     """
+    if mode == session.MODERATOR:
+        sharing.may_moderate(state, target, who(request))  # before asking the owner
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=False, tail=tail)
     if relayed is not None:
         return relayed, True
-    if mode == session.OBSERVER:
-        return sharing.observe(state, target, tail=tail), False
-    return await sharing.write(state, target, url, tail=tail), False
+    return await sharing.console(state, target, who(request), mode=mode, tail=tail), False
 
 
 def _tail(request: web.Request) -> int | None:

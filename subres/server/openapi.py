@@ -17,7 +17,7 @@ from subres.server.discovery import KINDS, VERBS, served
 __all__ = ["Specs", "build"]
 
 PRODUCES = {"screenshot": ["image/png"]}
-METHODS = {"get": "get", "create": "post"}
+METHODS = {"get": "get", "create": "post", "delete": "delete"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def _operations(config: Config) -> dict[str, tuple[str, str, str]]:
     return {
         f"{base}/{p.resource}/{{name}}/{sub}": (p.kind, sub, p.resource)
         for p in config.parents
-        for sub in served(p)
+        for sub in served(p, config)
     }
 
 

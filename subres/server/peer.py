@@ -10,6 +10,8 @@ internal CA, and `serving.tls.replica_caller` checks it names a replica.
   objects (`sessionlist` merges every replica's).
 - `GET /peer/v1/recordings/{resource}/{namespace}/{name}` and `…/{file}`: this
   replica's recordings of a machine (`recordinglist` merges them).
+- `DELETE /peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}?user=&group=`:
+  a moderator fronted by the caller ends the moderated session here (`moderate`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from aiohttp.typedefs import Handler
 from subres.backends.peer import UPGRADE
 from subres.engine import upgrade
 from subres.kube.status import StatusError
-from subres.server import recordinglist, sessionlist
+from subres.server import moderate, recordinglist, sessionlist
 from subres.server.state import State
 from subres.serving import certs, errors
 from subres.serving.tls import replica_caller
@@ -45,6 +47,8 @@ def build(state: State) -> web.Application:
     app.router.add_get("/peer/v1/sessions", functools.partial(sessionlist.fronted, state))
     app.router.add_get(recordings, functools.partial(recordinglist.local_listing, state))
     app.router.add_get(recordings + "/{file}", functools.partial(recordinglist.local_one, state))
+    moderated = "/peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}"
+    app.router.add_delete(moderated, functools.partial(moderate.end_here, state))
     return app
 
 

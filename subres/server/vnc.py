@@ -20,9 +20,9 @@ from subres.engine.stream import ByteStream
 from subres.server import streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
-from subres.sessions import peer, session
+from subres.sessions import peer, session, sharing
 from subres.sessions.target import key
-from subres.sessions.viewer import GuardedDisplay, InputWatch
+from subres.sessions.viewer import InputWatch
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
@@ -34,29 +34,35 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """The interactive viewer: check, negotiate, dial, then upgrade and stream."""
     # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
     preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
-    return await _view(state, request, view_only=False, preserve=preserve)
+    return await _view(state, request, mode=session.VIEWER, preserve=preserve)
 
 
 async def observe(state: State, request: web.Request) -> web.StreamResponse:
     """A view-only viewer: check, negotiate, dial, then upgrade and stream; input dropped."""
-    return await _view(state, request, view_only=True, preserve=False)
+    return await _view(state, request, mode=session.OBSERVER, preserve=False)
+
+
+async def moderate(state: State, request: web.Request) -> web.StreamResponse:
+    """A moderator: a view-only viewer whom a moderated viewer waits for."""
+    return await _view(state, request, mode=session.MODERATOR, preserve=False)
 
 
 async def _view(
-    state: State, request: web.Request, *, view_only: bool, preserve: bool
+    state: State, request: web.Request, *, mode: str, preserve: bool
 ) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
-    url = subresource.endpoint_url(target)
+    subresource.endpoint_url(target)  # 400 before anything else when there is none
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    mode = session.OBSERVER if view_only else session.VIEWER
+    view_only = mode != session.VIEWER
+    if mode == session.MODERATOR:
+        sharing.may_moderate(state, target, who(request))  # before asking the owner
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=preserve, tail=None)
     if relayed is not None:
         backend: ByteStream = relayed
     else:
         if preserve and state.sessions.active(key(target)):
             raise session.busy(target)  # without dialing; `session.hold` decides for certain
-        display = await subresource.connect(state, target, url)
-        backend = GuardedDisplay(display, view_only=view_only)
+        backend = await sharing.display(state, target, who(request), mode=mode)
     return await streaming.serve(
         state,
         request,

@@ -42,9 +42,8 @@ from subres.protocol.channels import TerminalSize
 from subres.sessions import recordings, sharing
 from subres.sessions.registry import SessionKey
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import OBSERVER, VIEWER, WRITER, Hold, busy, hold
-from subres.sessions.target import Target, endpoint_url, key
-from subres.sessions.viewer import GuardedDisplay
+from subres.sessions.session import MODERATOR, OBSERVER, VIEWER, WRITER, Hold, busy, hold
+from subres.sessions.target import Target, key
 
 __all__ = [
     "NOT_OWNER",
@@ -64,7 +63,7 @@ log = logging.getLogger(__name__)
 
 NOT_OWNER = 421
 """The owner's answer when it does not think it owns the unit."""
-MODES = {"console": (WRITER, OBSERVER), "vnc": (VIEWER, OBSERVER)}
+MODES = {"console": (WRITER, OBSERVER, MODERATOR), "vnc": (VIEWER, OBSERVER, MODERATOR)}
 """The subresources served by their unit's owner, and their modes."""
 
 
@@ -226,11 +225,8 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
 
 async def _backend(state: Runtime, target: Target, ask: Ask) -> ByteStream:
     if target.spec.name == "console":
-        if ask.mode == OBSERVER:
-            return sharing.observe(state, target, tail=ask.tail)
-        return await sharing.write(state, target, endpoint_url(target), tail=ask.tail)
-    backend = await state.backends.connect(target, endpoint_url(target))
-    return GuardedDisplay(backend, view_only=ask.mode == OBSERVER)
+        return await sharing.console(state, target, ask.who, mode=ask.mode, tail=ask.tail)
+    return await sharing.display(state, target, ask.who, mode=ask.mode)
 
 
 def release(state: Runtime, prepared: Prepared) -> None:

@@ -244,6 +244,12 @@ class Recordings:
             raise
         return file
 
+    def note(self, key: SessionKey, text: str) -> None:
+        """A note in `key`'s recording, if it is being recorded (who moderates)."""
+        live = self._live.get(key)
+        if live is not None:
+            live.recording.marker(text)
+
     def marker(self, seat: Seat, text: str) -> None:
         """A note in `seat`'s recording (a takeover)."""
         seat._live.recording.marker(text)

@@ -58,6 +58,7 @@ from subres.sessions.target import Target, endpoint_url, key
 
 __all__ = [
     "FORWARDER",
+    "MODERATOR",
     "OBSERVER",
     "VIEWER",
     "WRITER",
@@ -79,6 +80,7 @@ WRITER = "writer"
 OBSERVER = "observer"
 VIEWER = "viewer"
 FORWARDER = "forwarder"
+MODERATOR = "moderator"
 DEFAULT_MODES = {"console": WRITER, "vnc": VIEWER, "portforward": FORWARDER}
 
 
@@ -103,6 +105,8 @@ class Record:
     """This session's own name, unique and safe to show (request ids come from clients)."""
     recorded: bool = False
     """The console session is being recorded."""
+    moderators: list[str] = field(default_factory=list)
+    """Who moderated the session (a moderation policy selected it), in the order they came."""
     started: float = field(default_factory=time.time)
     traffic: Traffic = field(default_factory=Traffic)
     outcome: Outcome | None = None
@@ -139,6 +143,7 @@ class Record:
             "endedBy": outcome.ending.value if outcome else None,
             "code": self.code,
             "reason": self.reason,
+            **({"moderatedBy": list(self.moderators)} if self.moderators else {}),
         }
 
 
@@ -236,6 +241,9 @@ class Live:
         if self._watch is not None:
             self._watch.stop()
         self.state.sessions.end(self.claim, self)
+        moderators = getattr(self.backend, "moderators", None)
+        if isinstance(moderators, list):
+            self.record.moderators = [str(m) for m in moderators]
         _finish(self.record, self.client)
         _report(self.state, self.record)
         fields = self.record.fields()
