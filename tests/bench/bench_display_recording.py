@@ -44,7 +44,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from subres.demo.vnc import Display, VncServer
 from subres.protocol.rfbwatch import Changed, FrameReady, WatchClient
 from subres.serving import certs
-from tests.bench.procs import Child, bench_header, bench_main, cpu_seconds, serve_standalone
+from tests.bench import bench_screenshot
+from tests.bench.procs import bench_header, bench_main, cpu_seconds, serve_standalone
 from tests.support import free_port
 
 __all__ = ["main"]
@@ -80,13 +81,9 @@ def parse(argv: Sequence[str] | None) -> Settings:
 
 
 @dataclass(frozen=True)
-class Server:
-    """The running server and what a client needs."""
+class Server(bench_screenshot.Server):
+    """The running server, what a client needs, and where it records."""
 
-    child: Child
-    port: int
-    token: str
-    tls: ssl.SSLContext
     recordings: Path
 
     def url(self, machine: str) -> str:

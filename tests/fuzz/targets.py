@@ -213,17 +213,22 @@ def portforward_pairing(data: bytes) -> None:
 _HANDSHAKE = b"RFB 003.008\n\x01\x01\x00\x00\x00\x00"
 
 
+def _vnc_server(fdp: Provider, *, smallest: int) -> list[bytes]:
+    """A VNC server's bytes, after a valid handshake or from the first byte, in any chunks."""
+    stream = b""
+    if fdp.ConsumeBool():
+        width, height = fdp.ConsumeIntInRange(smallest, 70), fdp.ConsumeIntInRange(smallest, 70)
+        stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
+    stream += fdp.ConsumeBytes(fdp.remaining_bytes())
+    return _chunks(fdp, stream) if stream else []
+
+
 def rfb_client(data: bytes) -> None:
     """A VNC server's bytes, after a valid handshake or from the first byte."""
     fdp = atheris.FuzzedDataProvider(data)
     client = rfb.ScreenshotClient(limits=RFB_LIMITS)
-    stream = b""
-    if fdp.ConsumeBool():
-        width, height = fdp.ConsumeIntInRange(0, 70), fdp.ConsumeIntInRange(0, 70)
-        stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
-    stream += fdp.ConsumeBytes(fdp.remaining_bytes())
     try:
-        for chunk in _chunks(fdp, stream) if stream else []:
+        for chunk in _vnc_server(fdp, smallest=0):
             for event in client.receive_data(chunk):
                 if isinstance(event, rfb.FramebufferCaptured):
                     assert event.width * event.height <= RFB_LIMITS.max_pixels
@@ -237,13 +242,8 @@ def rfb_watch(data: bytes) -> None:
     """A VNC server's bytes to a display recording's watcher, which asks again and again."""
     fdp = atheris.FuzzedDataProvider(data)
     client = rfbwatch.WatchClient(limits=RFB_LIMITS)
-    stream = b""
-    if fdp.ConsumeBool():
-        width, height = fdp.ConsumeIntInRange(1, 70), fdp.ConsumeIntInRange(1, 70)
-        stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
-    stream += fdp.ConsumeBytes(fdp.remaining_bytes())
     try:
-        for chunk in _chunks(fdp, stream) if stream else []:
+        for chunk in _vnc_server(fdp, smallest=1):
             for event in client.receive_data(chunk):
                 width, height = client.size
                 assert width * height <= RFB_LIMITS.max_pixels

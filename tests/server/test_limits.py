@@ -35,8 +35,14 @@ def limits(*rules: dict[str, Any]) -> dict[str, Any]:
     return {"limits": list(rules)}
 
 
-def end_of(subres: Standalone, user: str) -> dict[str, Any]:
-    (line,) = [a for a in subres.audit_lines() if a["stage"] == "end" and a["user"] == user]
+async def end_of(subres: Standalone, user: str) -> dict[str, Any]:
+    """`user`'s audit end line (written by a thread of its own: it may come a moment later)."""
+
+    def ends() -> list[dict[str, Any]]:
+        return [a for a in subres.audit_lines() if a["stage"] == "end" and a["user"] == user]
+
+    await wait_for(lambda: bool(ends()))
+    (line,) = ends()
     return line
 
 
@@ -55,8 +61,7 @@ async def test_a_session_ends_at_its_maximum_duration_and_says_why(
         MAX_DURATION,
         "the session reached its maximum duration of 1s (limit short)",
     )
-    await wait_for(lambda: not s.server.state.sessions.live)
-    end = end_of(s, "alice")
+    end = await end_of(s, "alice")
     assert (end["code"], end["reason"]) == (code, reason)
 
 

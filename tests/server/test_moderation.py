@@ -124,7 +124,7 @@ async def test_a_moderator_ends_the_session_and_the_audit_names_her(
             "mia ended the moderated console session of Machine default/vm1",
         )
         assert await closed(bob) == (ENDED, "ended by the moderator mia")
-    await wait_for(lambda: not subres.server.state.sessions.live)
+    await wait_for(lambda: len([a for a in subres.audit_lines() if a["stage"] == "end"]) == 2)
     (end,) = [a for a in subres.audit_lines() if a["stage"] == "end" and a["user"] == "bob"]
     assert (end["code"], end["moderatedBy"]) == (ENDED, ["mia"])
     moderators = [a for a in subres.audit_lines() if a["mode"] == "moderator"]
