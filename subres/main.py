@@ -99,6 +99,7 @@ _VERBS = (
     ),
 )
 _CLIENT = frozenset(v.name for v in client_commands.VERBS)
+_CLUSTER = frozenset(v.name for v in client_commands.VERBS if v.cluster)
 
 
 def parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -110,6 +111,7 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Interactive subresources for Kubernetes CRD objects.",
     )
     top.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    top.add_argument("--version", action=_Version)
     client_commands.add_client_flags(top)
     verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
     for verb in _VERBS:
@@ -119,9 +121,26 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
         )
         if loaded:
             _load(verb.flags)(sub)
-            if verb.name in _CLIENT:
+            if verb.name in _CLUSTER:
                 client_commands.add_client_flags(sub, on_verb=True)
     return top
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **_: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("subres")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            installed = "unknown (not installed)"
+        print(f"subres {installed}")
+        parser.exit()
 
 
 def _top_level(argv: list[str]) -> argparse.Namespace:
@@ -159,7 +178,11 @@ def _configure_logging(ns: argparse.Namespace) -> None:
     if ns.verb in ("serve", "demo", "agent"):
         from subres.serving import logs
 
-        logs.configure(level=min(level, logging.INFO), logging_format=ns.logging_format)
+        logs.configure(
+            level=min(level, logging.INFO),
+            logging_format=ns.logging_format,
+            third_party=ns.verbose > 0,
+        )
         return
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -54,7 +54,8 @@ async def demo(tmp_path: Path) -> AsyncIterator[Demo]:
                 line = await proc.stdout.readline()
                 assert line, f"demo exited early: {banner}"
                 banner += line.decode()
-            banner += (await proc.stdout.readuntil(b"/console\n")).decode()
+            while "meant to fail" not in banner:
+                banner += (await proc.stdout.readline()).decode()
         match = re.search(r"https://127\.0\.0\.1:(\d+)", banner)
         assert match, banner
         yield Demo(proc, tmp_path, int(match.group(1)), banner)
@@ -83,7 +84,8 @@ async def kubectl(kubectl_bin: Path, demo: Demo, *args: str) -> tuple[int, str, 
 async def test_demo_writes_what_it_promises(demo: Demo) -> None:
     config = yaml.safe_load(demo.kubeconfig().read_text())
     assert config["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{demo.port}"
-    assert f"subres --kubeconfig {demo.kubeconfig()} console demo" in demo.banner
+    assert f"  export KUBECONFIG={demo.kubeconfig()}\n" in demo.banner
+    assert "\n  subres console demo " in demo.banner
     docs = list(yaml.safe_load_all((demo.dir / "machines.yaml").open()))
     assert [m["metadata"]["name"] for m in docs if m["kind"] == "Machine"] == ["demo", "stopped"]
     # The console is an SSH server on loopback; its key is in a Secret only the user may read.
@@ -120,7 +122,19 @@ async def test_console_reaches_the_demo_shell(demo: Demo) -> None:
                 seen += message
 
 
-async def test_demo_stops_cleanly_on_sigterm(demo: Demo) -> None:
+async def test_demo_stops_cleanly_on_sigterm_and_takes_its_keys_away(demo: Demo) -> None:
+    """No key, token or kubeconfig outlives the demo; what the user made stays."""
+    config = yaml.safe_load(demo.kubeconfig().read_text())
+    token = config["users"][0]["user"]["token"]
+    ctx = ssl.create_default_context(cafile=str(demo.dir / "certs" / "ca.crt"))
+    url = f"wss://127.0.0.1:{demo.port}{GV}/namespaces/default/machines/demo/console"
+    async with connect(url, ssl=ctx, additional_headers={"Authorization": f"Bearer {token}"}):
+        pass  # a session, so that there is an audit log and a recording to keep
     demo.proc.send_signal(signal.SIGTERM)
+    assert demo.proc.stdout is not None
     async with asyncio.timeout(15):
+        said = (await demo.proc.stdout.read()).decode()
         assert await demo.proc.wait() == 0
+    assert sorted(p.name for p in demo.dir.iterdir()) == ["recordings", "sessions.jsonl"]
+    assert f"stopped: removed the keys, token and kubeconfig from {demo.dir}" in said
+    assert "kept recordings/ and sessions.jsonl" in said

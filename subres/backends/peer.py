@@ -67,6 +67,11 @@ class PeerStream(RelayStream):
         """The owner records the session."""
         return self.answer_headers.get("subres-recorded") == "true"
 
+    @property
+    def keeps_scrollback(self) -> bool:
+        """The owner keeps the console, with a scrollback to replay (`?tail=`)."""
+        return self.answer_headers.get("subres-scrollback") == "true"
+
     def attached(self, closer: Closer) -> None:
         """How to close the session's client: with the owner's CLOSE, or 1001 when it is lost."""
         self._closer = closer

@@ -60,18 +60,23 @@ STREAMS = frozenset({"console", "vnc", "screenshot", "portforward"})
 T = TypeVar("T")
 OPEN_TIMEOUT = 30.0
 MAX_DISCOVERY = 4 << 20
+MAX_DRY_RUN = 1 << 16
 UNREACHABLE_HINT = "is the server running? check --kubeconfig/--context"
 NO_SUCH_PATH = ("404 page not found", "the server could not find the requested resource")
 """How kube-apiserver (plain text) and Kubernetes clients word a path nobody serves."""
 APISERVICE_HINT = (
     "hint: is subres installed here, its APIService Available? (kubectl get apiservices)"
 )
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"(?: .*)?')
+"""A `Warning` header value: code, agent, quoted text, an optional date."""
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A namespace name (DNS-1123 label)."""
 
 
 class CommandError(Exception):
-    """Ends a verb: printed as `error: …`, exit code 1."""
+    """Ends a verb: printed as `error: …`, exit code 1 (or `exit_code`)."""
+
+    exit_code = 1
 
     def line(self) -> str:
         """What the user reads on stderr."""
@@ -110,6 +115,7 @@ def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             print(f"error: {exc}", file=sys.stderr, flush=True)
         except CommandError as exc:
             print(exc.line(), file=sys.stderr, flush=True)
+            return exc.exit_code
         return 1
 
     main.__doc__ = run.__doc__
@@ -362,9 +368,36 @@ async def connect(
             raise refusal(exc.response.status_code, exc.response.body, target=target) from None
 
     try:
-        return await authorized(config, attempt)
+        ws = await authorized(config, attempt)
     except (OSError, TimeoutError, WebSocketException) as exc:
         raise unreachable(config, exc) from None
+    say_warnings(ws.response.headers.get_all("Warning") if ws.response else [])
+    return ws
+
+
+async def dry_run(config: ClientConfig, url: str, *, target: Target) -> None:
+    """Raise what opening the stream at `url` (http or https) would run into, without it.
+
+    A plain GET with `dryRun=All`: the server runs every check it would
+    before dialing and answers the first failing one's Status, or 200 when
+    all passed (servers that predate it: a 400 saying an upgrade was needed,
+    which they say only once every check passed). Nothing is dialed and no
+    session is taken either way.
+    """
+    query = "&" if "?" in url else "?"
+    try:
+        await get(config, f"{url}{query}dryRun=All", max_body=MAX_DRY_RUN, target=target)
+    except ServerError as exc:
+        if exc.code != 400 or "needs a WebSocket upgrade" not in exc.message:
+            raise
+
+
+def say_warnings(values: Sequence[str]) -> None:
+    """Print the server's `Warning` headers as kubectl does (`Warning: text`)."""
+    for value in values:
+        match = _WARNING.fullmatch(value.strip())
+        text = re.sub(r"\\(.)", r"\1", match.group(1)) if match else value.strip()
+        print(f"Warning: {text}", file=sys.stderr, flush=True)
 
 
 def refusal(

@@ -55,6 +55,8 @@ class Verb(NamedTuple):
     flags: Callable[[argparse.ArgumentParser], None]
     module: str
     """The module whose `main(ns)` runs the verb, imported only then."""
+    cluster: bool = True
+    """It talks to a server, so it takes the kubeconfig flags (`replay` reads a file)."""
 
 
 class PortSpec(NamedTuple):
@@ -161,6 +163,11 @@ def _console(parser: argparse.ArgumentParser) -> None:
         help="watch read-only (console-observe): see what the writer sees; typing does nothing",
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="take the console over without asking when someone else writes on it",
+    )
+    parser.add_argument(
         "--moderate",
         action="store_true",
         help="watch as a moderator (console-moderate): a moderated writer works while you do",
@@ -259,7 +266,11 @@ def _sessions(parser: argparse.ArgumentParser) -> None:
         "-A", "--all-namespaces", action="store_true", help="the sessions of every namespace"
     )
     parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="how to print them"
+        "-o",
+        "--output",
+        choices=("table", "json", "yaml"),
+        default="table",
+        help="how to print them",
     )
     _group_version(parser)
 
@@ -356,6 +367,7 @@ VERBS = (
         "or export a display recording to a video file with --video (needs ffmpeg).",
         _replay,
         "subres.cli.replay",
+        cluster=False,
     ),
 )
 """The client verbs, in the order `subres --help` lists them."""

@@ -7,7 +7,8 @@ on the resize channel, Ctrl+] to leave, and the exit code from how the server
 ended the session. When the server goes away (1001) or the connection is
 lost, it connects again by itself and says so (`subres.cli.reconnect`).
 `--observe` watches through `console-observe` instead: stdin only ever
-looks for Ctrl+].
+looks for Ctrl+]. In a terminal, it first asks before taking the console
+from someone who writes on it (`subres.cli.takeover`; `--force` does not).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import BinaryIO
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from subres.cli import api, kubeconfig, reconnect, terminal, timeleft
+from subres.cli import api, kubeconfig, reconnect, takeover, terminal, timeleft
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.protocol import channels
@@ -63,27 +64,27 @@ async def _console(
     )
     if ns.end and not ns.moderate:
         raise CommandError("--end ends a moderated session: it goes with --moderate")
-    sub = "console-moderate" if ns.moderate else "console-observe" if ns.observe else "console"
     if ns.end:
         plain = api.object_url(config, target, group_version=group_version, websocket=False)
-        return await _end(config, f"{plain}/{sub}", target)
+        return await _end(config, f"{plain}/console-moderate", target)
+    fd = sys.stdin.fileno()
+    interactive = os.isatty(fd)
+    observe = ns.observe or ns.moderate
+    if interactive and not observe and not ns.force:
+        chosen = await takeover.ask(config, target, group_version=group_version)
+        observe = chosen == takeover.OBSERVER
+    sub = "console-moderate" if ns.moderate else "console-observe" if observe else "console"
     query = f"?tail={ns.tail}" if ns.tail is not None else ""
     address = api.object_url(config, target, group_version=group_version) + f"/{sub}{query}"
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
-    fd = sys.stdin.fileno()
-    interactive = os.isatty(fd)
-    watching = ns.observe or ns.moderate
     if interactive:
         how = (
-            "Moderating"
-            if ns.moderate
-            else "Observing (read-only)"
-            if ns.observe
-            else "Connected to"
+            "Moderating" if ns.moderate else "Observing (read-only)" if observe else "Connected to"
         )
         print(f"{how} {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     pacing = reconnect.Pacing()
+    stdout = _Output(sys.stdout.buffer)
     with terminal.raw_mode(fd) if interactive else contextlib.nullcontext():
         while True:
             started = loop.time()
@@ -93,12 +94,16 @@ async def _console(
                     _dialect(ws),
                     fd=fd,
                     interactive=interactive,
-                    observe=watching,
+                    observe=observe,
+                    stdout=stdout,
                     target=str(target),
                 )
                 code = await session.run(may_reconnect=ns.reconnect)
             finally:
                 await ws.close()
+                if interactive and not stdout.at_line_start:
+                    # What we say next (taken over, an error) starts a line of its own.
+                    await stdout.write(b"\r\n")
             if code is not None:
                 return code
             _say(f"{target}: {session.dropped}; reconnecting", interactive=interactive)
@@ -218,6 +223,8 @@ class _Output:
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
+        self.at_line_start = True
+        """Nothing was written yet, or the last byte ended a line."""
 
     async def write(self, data: bytes) -> None:
         try:
@@ -228,6 +235,8 @@ class _Output:
     def _write(self, data: bytes) -> None:
         self._stream.write(data)
         self._stream.flush()
+        if data:
+            self.at_line_start = data.endswith(b"\n")
 
 
 class _Session:
@@ -241,6 +250,7 @@ class _Session:
         fd: int,
         interactive: bool,
         observe: bool = False,
+        stdout: _Output | None = None,
         target: str = "",
     ) -> None:
         self._ws = ws
@@ -250,7 +260,7 @@ class _Session:
         self._interactive = interactive
         self._observe = observe
         self._stdin = _Stdin(fd)
-        self._stdout = _Output(sys.stdout.buffer)
+        self._stdout = stdout or _Output(sys.stdout.buffer)
         self._stderr = _Output(sys.stderr.buffer)
         self._status = bytearray()
         self._typed = time.monotonic()
@@ -367,7 +377,10 @@ class _Session:
         """0 for a clean end; raises with the server's words otherwise."""
         failure = self._failure()
         if failure is not None:
-            raise CommandError(failure)
+            error = CommandError(failure)
+            # As `kubectl exec`: the remote command's exit status becomes ours.
+            error.exit_code = _exit_code(api.json_object(self._status)) or 1
+            raise error
         code = self._ws.close_code
         if code == NORMAL_CLOSURE:
             return 0
@@ -386,6 +399,18 @@ class _Session:
         if status.get("status") == "Success":
             return None
         return str(status.get("message") or status.get("reason") or "the session failed")
+
+
+def _exit_code(status: dict[str, object]) -> int | None:
+    """The exit status a `NonZeroExitCode` Status carries (its `ExitCode` cause), if any."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    for cause in causes if isinstance(causes, list) else []:
+        if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+            text = str(cause.get("message", ""))
+            if text.isdigit() and 0 < int(text) < 256:
+                return int(text)
+    return None
 
 
 def _dropped(ws: ClientConnection) -> str | None:

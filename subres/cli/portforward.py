@@ -39,9 +39,10 @@ from typing import Any, ClassVar, Protocol
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from subres.cli import api, kubeconfig, reconnect, terminal
-from subres.cli.api import CommandError, ServerError, Target
+from subres.cli.api import CommandError, Target
 from subres.cli.commands import PortSpec
 from subres.cli.kubeconfig import ClientConfig
 from subres.cli.portforward_spdy import SpdyLink, SpdyTransport, TunnelTransport
@@ -61,8 +62,7 @@ __all__ = [
 ]
 
 SUBPROTOCOL = "plain.kubevirt.io"
-PROBE_SUBPROTOCOL = "probe.subres.dev"
-"""A subprotocol no server speaks: offered alone, it makes the upgrade a check (see `check`)."""
+NORMAL_CLOSURE = 1000
 READ_SIZE = 65536
 MAX_MESSAGE = 4 * 1024 * 1024
 OPEN_TIMEOUT = 30.0
@@ -115,28 +115,13 @@ async def check(
 ) -> None:
     """Raise what forwarding `ports` would run into, before anything listens or is dialed.
 
-    The server vets a Kubernetes-style port-forward (`?ports=`: credentials,
-    permission, the machine, its state, the ports it allows, in that order)
-    before it looks at the subprotocol. Offering only one it does not speak
-    therefore gets the first failing check's Status, or, when every check
-    passed, a 400 about the subprotocol; no backend is dialed either way.
+    A dry run of a Kubernetes-style port-forward (`?ports=`), which the
+    server vets as a whole: credentials, permission, the machine, its state,
+    the ports it allows, the endpoint policy (`api.dry_run`).
     """
     remote = ",".join(str(port) for port in dict.fromkeys(spec.remote for spec in ports))
-    url = f"{api.object_url(config, target, group_version=group_version)}/portforward"
-    try:
-        ws = await api.connect(
-            config,
-            f"{url}?ports={remote}",
-            target=target,
-            subprotocols=[PROBE_SUBPROTOCOL],
-            max_size=MAX_MESSAGE,
-            close_timeout=OPEN_TIMEOUT,
-        )
-    except ServerError as exc:
-        if exc.code == 400 and "subprotocol" in exc.message:
-            return
-        raise
-    await ws.close()  # a server that took the probe has passed every check too
+    url = api.object_url(config, target, group_version=group_version, websocket=False)
+    await api.dry_run(config, f"{url}/portforward?ports={remote}", target=target)
 
 
 class Link(Protocol):
@@ -210,6 +195,19 @@ class WebSocketLink:
         await self._ws.close()
         if self._closing is not None:
             await self._closing
+
+    def ended_by_server(self) -> str | None:
+        """Why the server ended the link, `reason (code)`; None if it ended normally or we
+        closed first."""
+        protocol = self._ws.protocol
+        received, sent = protocol.close_rcvd, protocol.close_sent
+        if sent is not None and (received is None or not protocol.close_rcvd_then_sent):
+            return None
+        if received is None:
+            return "lost the connection to the server" if protocol.state is State.CLOSED else None
+        if received.code == NORMAL_CLOSURE:
+            return None
+        return f"{received.reason or 'no reason given'} ({received.code})"
 
     def _ended(self) -> None:
         on_drop, self._on_drop = self._on_drop, None

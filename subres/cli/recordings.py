@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import BinaryIO
@@ -23,6 +24,10 @@ from subres.cli.sessions import format_table
 __all__ = ["main"]
 
 MAX_LIST = 16 << 20
+NONE_WHY = (
+    "Its console sessions are recorded when the server has a recordings directory "
+    '(consoles.recordings) and the machine opts in (subres.dev/record-console: "true").'
+)
 
 
 # Every verb's `main` has this shape (the kubeconfig, then the verb's coroutine).
@@ -51,7 +56,14 @@ async def _recordings(config: ClientConfig, ns: argparse.Namespace) -> int:
         ]
         table = {"columnDefinitions": [{"name": c} for c in columns], "rows": rows}
         text = format_table(table, namespaces=False)
-        print(text or f"No recordings of {target}.", file=sys.stdout if text else sys.stderr)
+        if not text:
+            print(f"No recordings of {target}. {NONE_WHY}", file=sys.stderr)
+            return 0
+        print(text)
+        newest = shlex.quote(str(rows[0]["cells"][0]))
+        namespace = f" -n {shlex.quote(ns.namespace)}" if ns.namespace else ""
+        again = f"subres recordings {shlex.quote(ns.target)}{namespace} {newest}"
+        print(f"Play the newest: {again} -o - | subres replay -", file=sys.stderr)
         return 0
     output = ns.output or ns.name
     saved = _Saved(output)

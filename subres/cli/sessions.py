@@ -3,7 +3,7 @@
 Reads the `Session` objects of one machine (`…/machines/NAME/sessions`), of
 the namespace, or of every namespace (`-A`) as a `meta.k8s.io` Table, the
 same request `kubectl get sessions.subresources.subres.dev` makes; `-o json`
-prints the `SessionList` itself.
+and `-o yaml` print the `SessionList` itself, as kubectl's `-o` does.
 """
 
 from __future__ import annotations
@@ -44,11 +44,16 @@ async def _sessions(config: ClientConfig, ns: argparse.Namespace) -> int:
         url = f"{base}/sessions"
     else:
         url = f"{base}/namespaces/{config.namespace}/sessions"
-    as_json = ns.output == "json"
-    body = await api.get(config, url, max_body=MAX_BODY, accept=None if as_json else TABLE)
+    whole = ns.output in ("json", "yaml")
+    body = await api.get(config, url, max_body=MAX_BODY, accept=None if whole else TABLE)
     document = api.json_object(body)
-    if as_json:
+    if ns.output == "json":
         print(json.dumps(document, indent=2))
+        return 0
+    if ns.output == "yaml":
+        import yaml  # only for this output: the verb's start stays light
+
+        print(yaml.safe_dump(document, sort_keys=False), end="")
         return 0
     text = format_table(document, namespaces=bool(ns.all_namespaces and not ns.target))
     if text:

@@ -3,9 +3,13 @@
 Owns the verb's flags, the local TCP listener (127.0.0.1 by default) whose
 connections are relayed to the `vnc` subresource, `--proxy-only` (prints
 `{"port": N}` and relays until interrupted), and finding and starting a
-viewer. The first WebSocket opens before listening, so a refusal (machine
-stopped, no display) is an error at once rather than a viewer that cannot
-connect; each later local connection opens its own, taking the session over.
+viewer. Before listening, a dry run (`api.dry_run`) makes a
+refusal (machine stopped, no display) an error at once rather than a viewer
+that cannot connect, without taking the display from whoever views it. Each
+local connection then opens its own WebSocket when it arrives, so a viewer
+never gets one that someone else took over meanwhile; a refusal then, or a
+display that ends for a reason (taken over, the machine's VNC server gone),
+is said on stderr, since a viewer shows only that it was disconnected.
 `--view-only` relays to `vnc-observe` instead: the viewer watches, its input
 goes nowhere, and nobody is taken over. The relaying itself is the
 port-forward verb's (`portforward.bridge`).
@@ -24,7 +28,6 @@ import sys
 from subres.cli import api, kubeconfig, portforward, terminal
 from subres.cli.api import CommandError, Target
 from subres.cli.kubeconfig import ClientConfig
-from subres.cli.portforward import Link
 
 __all__ = ["VIEWERS", "main", "viewer_command"]
 
@@ -67,6 +70,8 @@ async def _vnc(
     )
     base = api.object_url(config, target, group_version=group_version)
     sub = "vnc-observe" if ns.view_only else "vnc"
+    checked = api.object_url(config, target, group_version=group_version, websocket=False)
+    await api.dry_run(config, f"{checked}/{sub}", target=target)
     return await _Relay(config, f"{base}/{sub}", target).run(ns.address, ns.port, viewer)
 
 
@@ -77,16 +82,13 @@ class _Relay:
         self._config = config
         self._url = url
         self._target = target
-        self._ready: Link | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
 
     async def run(self, address: str, port: int, viewer: list[str] | None) -> int:
-        self._ready = await portforward.open_link(self._config, self._url, target=self._target)
         try:
             server = await asyncio.start_server(self._serve, address, port)
         except OSError as exc:
-            await self._ready.close()
             raise CommandError(f"cannot listen on {address}:{port}: {api.os_reason(exc)}") from None
         bound = int(server.sockets[0].getsockname()[1])
         try:
@@ -125,10 +127,10 @@ class _Relay:
         assert task is not None
         self._connections.add(task)
         try:
-            link, self._ready = self._ready, None
-            if link is None:
-                link = await portforward.open_link(self._config, self._url, target=self._target)
+            link = await portforward.open_link(self._config, self._url, target=self._target)
             await portforward.bridge(reader, writer, link)
+            if why := link.ended_by_server():
+                print(f"{self._target}: the display session ended: {why}", file=sys.stderr)
         except CommandError as exc:
             print(exc.line(), file=sys.stderr, flush=True)
         except asyncio.CancelledError:
@@ -140,8 +142,6 @@ class _Relay:
             self._connections.discard(task)
 
     async def _end_connections(self) -> None:
-        if self._ready is not None:
-            await self._ready.close()
         for task in self._connections:
             task.cancel()
         if self._connections:

@@ -3,14 +3,20 @@
 Owns the verb's flags, the local HTTP server and the credential-adding relay.
 The page (from `subres.web`) talks only to its own origin; this process opens
 the matching WebSocket to the cluster with the kubeconfig's credentials, so
-the browser never sees a token. Only the page's own origin may drive the
-relay: every request must name this server by `localhost` or an IP literal
-(a DNS-rebound name would carry an attacker's origin), and every WebSocket
-must come from the same origin, so no other site can borrow the credentials.
-Only these pass, of the configured group-version: the console and vnc
-WebSockets and their read-only shares (`console-observe`, `vnc-observe`), and
-the page's plain GETs of who holds the machine (`sessions`) and of its
-recordings (`recordings`, `recordings/FILE`), refused to other sites.
+the browser never sees a token. Only the page opened from the link this
+process prints may drive the relay. The link carries a key made at launch
+(in its fragment, which no server or log sees); the page sends it on every
+relayed request, and a request without it is refused (401) whatever its
+headers say: any local process can send `Origin: http://127.0.0.1:PORT`, only
+the user who ran `subres web` has the key. Browsers add two more checks: every
+request must name this server by `localhost` or an IP literal (a DNS-rebound
+name would carry an attacker's origin), and every WebSocket must come from
+the same origin. Only these pass, of the configured group-version: the
+console and vnc WebSockets and their read-only shares (`console-observe`,
+`vnc-observe`); the page's plain GETs of who holds the machine (`sessions`)
+and of its recordings (`recordings`, `recordings/FILE`); and a plain GET of
+a console or display, which the server answers with the Status its checks
+give (no dial), for the page to say why a connection was refused.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import hmac
 import ipaddress
+import json
 import logging
+import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,18 +42,19 @@ from websockets.exceptions import ConnectionClosed
 from subres.cli import api, kubeconfig, terminal
 from subres.cli.api import CommandError, ServerError
 from subres.cli.kubeconfig import ClientConfig
+from subres.protocol import channels
 from subres.web import page
 
-__all__ = ["build", "main", "same_origin"]
+__all__ = ["build", "main", "new_key", "page_url", "same_origin", "serve"]
 
 log = logging.getLogger(__name__)
 
 SUBRESOURCES = ("console", "console-observe", "vnc", "vnc-observe")
-READS = {"sessions": "application/json", "recordings": "application/json"}
-"""What the page reads with a plain GET (who holds the machine, its recordings), by type."""
+READS = ("sessions", "recordings")
+"""What the page reads with a plain GET: who holds the machine, its recordings."""
 RECORDING = "application/x-asciicast"
 MAX_READ = 16 << 20
-BEARER_PREFIX = "base64url.bearer.authorization.k8s.io."
+KEY_BYTES = 32
 MAX_MESSAGE = 4 * 1024 * 1024
 CLOSE_TIMEOUT = 10.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -72,10 +82,10 @@ async def _web(config: ClientConfig, typed: api.TargetText | None, ns: argparse.
         types=(target.resource, target.kind) if target else api.DEFAULT_TYPES,
         namespace=config.namespace,
         machine=f"{target.namespace}/{target.name}" if target else "",
-        bearer=False,
     )
+    key = new_key()
     try:
-        return await _serve(build(config, settings), ns.address, ns.port, settings)
+        return await _serve(build(config, settings, key=key), ns.address, ns.port, settings, key)
     except OSError as exc:
         hint = "; pass --port (0 picks a free one)" if exc.errno == errno.EADDRINUSE else ""
         raise CommandError(
@@ -83,8 +93,20 @@ async def _web(config: ClientConfig, typed: api.TargetText | None, ns: argparse.
         ) from None
 
 
-def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
-    """The local application: the page, and the relay for its WebSockets."""
+def new_key() -> str:
+    """A key for one launch of the relay: 256 random bits, URL-safe."""
+    return secrets.token_urlsafe(KEY_BYTES)
+
+
+def page_url(address: str, port: int, settings: page.PageSettings, key: str) -> str:
+    """The link that opens the page: the machine in the query, the key in the fragment."""
+    host = f"[{address}]" if ":" in address else address
+    query = f"?machine={settings.machine}" if settings.machine else ""
+    return f"http://{host}:{port}{page.PREFIX}/{query}#token={key}"
+
+
+def build(config: ClientConfig, settings: page.PageSettings, *, key: str) -> web.Application:
+    """The local application: the page, and the relay for its requests that carry `key`."""
     app = web.Application(middlewares=[_named_by_address])
     page.add_routes(app, settings)
     app.router.add_get("/", _to_page)
@@ -92,6 +114,7 @@ def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
     live: set[web.WebSocketResponse] = set()
 
     async def relay(request: web.Request) -> web.StreamResponse:
+        _check_key(request, key)
         return await _relay(config, settings.api_prefix, request, live)
 
     async def close_live(_: web.Application) -> None:
@@ -100,6 +123,7 @@ def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
             await ws.close(code=1001, message=b"subres web is stopping")
 
     async def read(request: web.Request) -> web.StreamResponse:
+        _check_key(request, key)
         return await _read(config, settings.api_prefix, request)
 
     app.router.add_get(sub, relay)
@@ -108,18 +132,29 @@ def build(config: ClientConfig, settings: page.PageSettings) -> web.Application:
     return app
 
 
-async def _serve(app: web.Application, address: str, port: int, settings: page.PageSettings) -> int:
+async def serve(app: web.Application, address: str, port: int) -> web.AppRunner:
+    """Start `app` on `address:port` (0: any free port); the caller cleans the runner up."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, address, port).start()
     try:
-        bound = runner.addresses[0][1]
-        host = f"[{address}]" if ":" in address else address
-        query = f"?machine={settings.machine}" if settings.machine else ""
-        print(f"Serving the subres page at http://{host}:{bound}{page.PREFIX}/{query}", flush=True)
+        await web.TCPSite(runner, address, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+async def _serve(
+    app: web.Application, address: str, port: int, settings: page.PageSettings, key: str
+) -> int:
+    runner = await serve(app, address, port)
+    try:
+        url = page_url(address, runner.addresses[0][1], settings, key)
+        print(f"Serving the subres page at {url}", flush=True)
         if not _loopback(address):
             print(
-                "warning: whoever reaches this address acts with your credentials", file=sys.stderr
+                "warning: whoever reaches this address and has the link acts with your credentials",
+                file=sys.stderr,
             )
         stop = asyncio.Event()
         with terminal.on_signals((signal.SIGINT, signal.SIGTERM), stop.set):
@@ -166,6 +201,30 @@ def _local_host(request: web.Request) -> bool:
     return True
 
 
+def _check_key(request: web.Request, key: str) -> None:
+    """Refuse (401) a request that does not carry this launch's key.
+
+    The page sends it as a bearer token: an `Authorization` header on its
+    reads, the bearer subprotocol on its WebSockets (browsers let a page set
+    no header there).
+    """
+    offered = _protocols(request)
+    given = [channels.bearer_token(offered) or ""]
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        given.append(value.strip())
+    if not any(hmac.compare_digest(g.encode(), key.encode()) for g in given if g):
+        status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "code": 401,
+            "reason": "Unauthorized",
+            "message": "this page needs the key in the link subres printed: open that link",
+        }
+        raise web.HTTPUnauthorized(text=json.dumps(status), content_type="application/json")
+
+
 def same_origin(request: web.Request) -> bool:
     """True when the request's Origin is the page's own (`http://` and the Host it asked)."""
     return request.headers.get("Origin") == f"http://{request.host}"
@@ -175,7 +234,7 @@ async def _relay(
     config: ClientConfig, api_prefix: str, request: web.Request, live: set[web.WebSocketResponse]
 ) -> web.StreamResponse:
     """Open the cluster's WebSocket with our credentials, then accept the page's and pump."""
-    if request.match_info["sub"] in READS and "Upgrade" not in request.headers:
+    if "Upgrade" not in request.headers:
         return await _read(config, api_prefix, request)
     if not same_origin(request):
         log.warning("refused a WebSocket from origin %s", request.headers.get("Origin"))
@@ -207,14 +266,19 @@ async def _relay(
     return ws
 
 
-def _offered(request: web.Request) -> list[str]:
-    """The page's subprotocols; a bearer offer is dropped (the kubeconfig decides who we are)."""
+def _protocols(request: web.Request) -> list[str]:
     return [
         p.strip()
         for header in request.headers.getall("Sec-WebSocket-Protocol", [])
         for p in header.split(",")
-        if p.strip() and not p.strip().startswith(BEARER_PREFIX)
+        if p.strip()
     ]
+
+
+def _offered(request: web.Request) -> list[str]:
+    """The page's subprotocols; its bearer offer (our key) is dropped: the kubeconfig
+    decides who we are upstream."""
+    return channels.without_bearer(_protocols(request))
 
 
 async def _read(config: ClientConfig, api_prefix: str, request: web.Request) -> web.StreamResponse:
@@ -225,9 +289,10 @@ async def _read(config: ClientConfig, api_prefix: str, request: web.Request) -> 
     """
     sub = request.match_info["sub"]
     site = request.headers.get("Sec-Fetch-Site", "same-origin")
-    if sub not in READS or (site != "same-origin" or not same_origin_or_none(request)):
+    readable = sub in READS or ("file" not in request.match_info and sub in SUBRESOURCES)
+    if not readable or (site != "same-origin" or not same_origin_or_none(request)):
         raise web.HTTPForbidden(text="only the page may read this\n")
-    content_type = RECORDING if "file" in request.match_info else READS[sub]
+    content_type = RECORDING if "file" in request.match_info else "application/json"
     response = web.StreamResponse(
         headers={"Content-Type": content_type, "Cache-Control": "no-store"}
     )
@@ -241,7 +306,13 @@ async def _read(config: ClientConfig, api_prefix: str, request: web.Request) -> 
     try:
         await api.get(config, url, max_body=MAX_READ, sink=forward)
     except ServerError as exc:
-        body = {"kind": "Status", "status": "Failure", "code": exc.code, "message": exc.message}
+        body = {
+            "kind": "Status",
+            "status": "Failure",
+            "code": exc.code,
+            "reason": exc.reason,
+            "message": exc.message,
+        }
         return web.json_response(body, status=exc.code)
     except CommandError as exc:
         return web.json_response({"kind": "Status", "message": str(exc)}, status=502)

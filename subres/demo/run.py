@@ -1,42 +1,47 @@
 """`subres demo`: the whole product on one machine, no cluster needed.
 
 Claims the state directory (a second demo there refuses before it touches
-anything: `subres.demo.claim`), writes it (certificates, a random token, a
-kubeconfig, the machines file with the Secret of the console's SSH key, the
-config), starts the demo machine's console (a shell in a PTY behind an SSH
-server on loopback, so that window sizes reach it), its display (a small VNC
-server on a unix socket), its web page (the port-forward target) and a
-standalone server on loopback, prints what to try, and stops cleanly on
-Ctrl+C or SIGTERM. Quiet by default: no access log.
+anything: `subres.demo.claim`), writes it (`subres.demo.files`), starts the
+demo machine's console (a shell in a PTY behind an SSH server on loopback,
+so that window sizes reach it), its display (a small VNC server on a unix
+socket), its web page (the port-forward target), a standalone server on
+loopback, and the browser page behind `subres web`'s relay on plain HTTP on
+loopback (its link carries a key made for this run, so no certificate
+warning and no other local user's process can drive it), prints what to try
+(`subres.demo.banner`), and stops cleanly on Ctrl+C or SIGTERM, removing the
+keys and tokens it wrote. Quiet by default: no access log, and other
+libraries' INFO lines only with `-v`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import os
-import secrets
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncssh
-import yaml
+from aiohttp import web as aioweb
 
+from subres.cli import kubeconfig as kubeconfigs
+from subres.cli import web
+from subres.demo import banner, files
 from subres.demo import claim as claims
 from subres.demo.sshd import SshShellServer
 from subres.demo.vnc import VncServer
 from subres.demo.website import Website
 from subres.server.options import Options, add_operator_arguments
 from subres.server.run import Server, complete
-from subres.serving import certs
+from subres.web import page
 
 __all__ = ["Demo", "add_arguments", "main", "prepare"]
 
-ADDRESS = "127.0.0.1"
+ADDRESS = files.ADDRESS
+MACHINE = "default/demo"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local/state"))
         / "subres-demo",
-        help="where the kubeconfig, certificates and machines file go",
+        help="where the kubeconfig, certificates and machines file go (removed at stop; "
+        "recordings and the session audit log stay)",
     )
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port on 127.0.0.1 (0: any)")
+    parser.add_argument(
+        "--page-port", type=int, default=0, help="the browser page's port on 127.0.0.1 (0: any)"
+    )
     add_operator_arguments(parser)
 
 
@@ -67,26 +76,17 @@ def prepare(
     """
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     state_dir = state_dir.resolve()
-    cert_dir = state_dir / "certs"
-    certs.ensure_self_signed(cert_dir, service="subres", namespace="subres-system")
-    tokens = state_dir / "tokens.csv"
-    if not tokens.exists():
-        tokens.write_text(f'{secrets.token_urlsafe(32)},demo,demo-uid,"demo-users"\n')
-        tokens.chmod(0o600)
-    _write_yaml(state_dir / "config.yaml", _config(state_dir))
-    machines = state_dir / "machines.yaml"
-    machines.touch(mode=0o600)  # it holds the console's SSH key
-    machines.write_text(_machines(state_dir, web_port, console))
+    files.serving_pair(state_dir)
     return Options(
         secure_port=port,
-        bind_address=ADDRESS,
-        cert_dir=cert_dir,
+        bind_address=files.ADDRESS,
+        cert_dir=state_dir / files.CERTS,
         tls_cert_file=None,
         tls_private_key_file=None,
         client_ca_file=None,
-        config=state_dir / "config.yaml",
-        standalone=state_dir / "machines.yaml",
-        token_auth_file=tokens,
+        config=files.config(state_dir),
+        standalone=files.machines(state_dir, web_port=web_port, console=console),
+        token_auth_file=files.tokens(state_dir),
         service_name="subres",
         service_namespace="subres-system",
         # The browser page is static and public; its WebSockets carry the token.
@@ -94,118 +94,28 @@ def prepare(
         shutdown_grace=2.0,
         access_log=access_log,
         # Audit lines would flood the demo's terminal: they go beside its other files.
-        session_audit_log=str(state_dir / "sessions.jsonl"),
+        session_audit_log=str(state_dir / files.AUDIT),
     )
-
-
-def _config(state_dir: Path) -> dict[str, object]:
-    running = {".status.phase": ["Running"]}
-    vnc = {"endpoint": ".status.vnc.endpoint", "require": running}
-    console = {
-        "endpoint": ".status.console.endpoint",
-        "require": running,
-        "ssh": {"credentials": ".status.console.sshSecret"},
-    }
-    forward = {
-        "address": ".status.portForward.address",
-        "ports": ".status.portForward.ports",
-        "require": running,
-    }
-    machines = {
-        "resource": "machines",
-        "kind": "Machine",
-        "source": {"group": "subres.dev", "version": "v1alpha1"},
-        "subresources": {"console": console, "vnc": vnc, "screenshot": vnc, "portforward": forward},
-    }
-    return {
-        "endpointPolicy": {
-            "schemes": ["unix", "tcp", "ssh"],
-            # Loopback only: the default policy denies it, the demo's machines live there.
-            "allowCIDRs": ["127.0.0.0/8", "::1/128"],
-            "denyCIDRs": [],
-            "socketDirs": [str(state_dir)],
-        },
-        "parents": [machines],
-    }
-
-
-def _machines(state_dir: Path, web_port: int, console: SshShellServer) -> str:
-    def machine(name: str, phase: str) -> dict[str, object]:
-        return {
-            "apiVersion": "subres.dev/v1alpha1",
-            "kind": "Machine",
-            "metadata": {"name": name, "namespace": "default"},
-            "status": {
-                "phase": phase,
-                "console": {
-                    "endpoint": f"ssh://demo@{ADDRESS}:{console.port}",
-                    "sshSecret": "demo-console",
-                },
-                "vnc": {"endpoint": f"unix://{state_dir / 'vnc.sock'}"},
-                "portForward": {"address": ADDRESS, "ports": [web_port]},
-            },
-        }
-
-    key = bytes(console.client_private.export_private_key("openssh")).decode()
-    login = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "demo-console", "namespace": "default"},
-        "stringData": {"ssh-privatekey": key, "known_hosts": console.known_hosts()},
-    }
-    header = "# Machines the demo serves; edit me, subres re-reads this file.\n"
-    return header + yaml.safe_dump_all(
-        [machine("demo", "Running"), machine("stopped", "Stopped"), login], sort_keys=False
-    )
-
-
-def _write_yaml(path: Path, data: object) -> None:
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def write_kubeconfig(state_dir: Path, port: int) -> Path:
-    """A kubeconfig with the server's address, its CA and the demo token."""
-    ca = (state_dir / "certs" / "ca.crt").read_bytes()
-    token = _token(state_dir)
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "subres-demo",
-                "cluster": {
-                    "server": f"https://{ADDRESS}:{port}",
-                    "certificate-authority-data": base64.b64encode(ca).decode(),
-                },
-            }
-        ],
-        "users": [{"name": "demo", "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "subres-demo",
-                "context": {"cluster": "subres-demo", "user": "demo", "namespace": "default"},
-            }
-        ],
-        "current-context": "subres-demo",
-    }
-    path = state_dir / "kubeconfig"
-    path.touch(mode=0o600)
-    _write_yaml(path, kubeconfig)
-    return path
 
 
 @dataclass
 class Demo:
-    """The running parts: the machine's console, display and web page, and the server."""
+    """The running parts: the machine's console, display and web page, the server, the page."""
 
     shell: SshShellServer
     display: VncServer
     website: Website
     server: Server | None = None
     kubeconfig: Path | None = None
+    page: aioweb.AppRunner | None = None
+    page_url: str = ""
+    key: str = field(default_factory=web.new_key)
+    """The page relay's key for this run."""
 
     @classmethod
-    async def start(cls, state_dir: Path, port: int, *, access_log: bool = False) -> Demo:
+    async def start(
+        cls, state_dir: Path, port: int, *, page_port: int = 0, access_log: bool = False
+    ) -> Demo:
         """Write `state_dir` (absolute) and start everything; stops what started on failure."""
         demo = cls(
             SshShellServer(
@@ -226,14 +136,27 @@ class Demo:
             await demo.display.start()
             demo.server = complete(options)
             bound = await demo.server.start()
-            demo.kubeconfig = write_kubeconfig(state_dir, bound)
+            demo.kubeconfig = files.kubeconfig(state_dir, bound)
+            await demo._start_page(page_port)
         except BaseException:
             await demo.stop()
             raise
         return demo
 
+    async def _start_page(self, port: int) -> None:
+        """The page behind `subres web`'s relay, which adds the demo's token upstream."""
+        assert self.kubeconfig is not None
+        config = kubeconfigs.load(kubeconfig=str(self.kubeconfig), environ={})
+        settings = page.PageSettings(
+            api_prefix="/apis/subresources.subres.dev/v1alpha1", machine=MACHINE
+        )
+        self.page = await web.serve(web.build(config, settings, key=self.key), ADDRESS, port)
+        self.page_url = web.page_url(ADDRESS, self.page.addresses[0][1], settings, self.key)
+
     async def stop(self) -> None:
-        """Stop the server first (it closes the sessions), then the machine's parts."""
+        """Stop the page and the server first (they close the sessions), then the machine."""
+        if self.page is not None:
+            await self.page.cleanup()
         if self.server is not None:
             await self.server.stop()
         await self.display.stop()
@@ -241,37 +164,27 @@ class Demo:
         await self.website.stop()
 
 
-def _token(state_dir: Path) -> str:
-    return (state_dir / "tokens.csv").read_text().split(",", 1)[0]
-
-
 def _banner(demo: Demo) -> str:
     assert demo.server is not None and demo.kubeconfig is not None
-    port, k = demo.server.port, demo.kubeconfig
-    group = "/apis/subresources.subres.dev/v1alpha1"
-    # The token rides in the fragment, which browsers never send to the server.
-    page = f"https://{ADDRESS}:{port}/ui/?machine=default/demo#token={_token(k.parent)}"
-    web = demo.website.port
-    return f"""subres demo is serving on https://{ADDRESS}:{port} (Ctrl+C stops it)
-  kubeconfig: {k}
-  machines:   {k.parent / "machines.yaml"} (edit it; changes apply at once)
-  browser:    {page}
-
-Try:
-  subres --kubeconfig {k} console demo        (Ctrl+] leaves)
-  echo 'uname -a' | subres --kubeconfig {k} console demo
-  subres --kubeconfig {k} port-forward demo 8080:{web}   (then open http://localhost:8080/)
-  subres --kubeconfig {k} web demo        (console and display at http://127.0.0.1:8070/ui/)
-  subres --kubeconfig {k} vnc demo
-  subres --kubeconfig {k} screenshot demo -o demo.png
-  kubectl --kubeconfig {k} get --raw {group}
-  kubectl --kubeconfig {k} get --raw \\
-      {group}/namespaces/default/machines/stopped/console
-"""
+    return banner.text(
+        banner.Banner(
+            url=f"https://{ADDRESS}:{demo.server.port}",
+            page=demo.page_url,
+            kubeconfig=demo.kubeconfig,
+            machines=demo.kubeconfig.parent / files.MACHINES,
+            web_port=demo.website.port,
+        )
+    )
 
 
-async def _run(state_dir: Path, port: int, claim: claims.Claim, *, access_log: bool) -> None:
-    demo = await Demo.start(state_dir, port, access_log=access_log)
+async def _run(
+    state_dir: Path, port: int, claim: claims.Claim, *, page_port: int, access_log: bool
+) -> None:
+    try:
+        demo = await Demo.start(state_dir, port, page_port=page_port, access_log=access_log)
+    except BaseException:
+        files.remove(state_dir)
+        raise
     assert demo.server is not None and demo.kubeconfig is not None
     claim.announce(url=f"https://{ADDRESS}:{demo.server.port}", kubeconfig=demo.kubeconfig)
     stop = asyncio.Event()
@@ -284,6 +197,18 @@ async def _run(state_dir: Path, port: int, claim: claims.Claim, *, access_log: b
     finally:
         print("stopping", file=sys.stderr, flush=True)
         await demo.stop()
+        files.remove(state_dir)
+        kept = " and ".join(
+            name + ("/" if (state_dir / name).is_dir() else "")
+            for name in files.KEPT
+            if (state_dir / name).exists()
+        )
+        print(
+            f"stopped: removed the keys, token and kubeconfig from {state_dir}"
+            + (f"; kept {kept} (yours to replay and read)" if kept else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _port_free(port: int) -> None:
@@ -306,9 +231,21 @@ def main(ns: argparse.Namespace) -> int:
     """Run the demo until interrupted."""
     try:
         with claims.claim(ns.state_dir) as claim:
-            _port_free(ns.port)
             state_dir = ns.state_dir.resolve()
-            asyncio.run(_run(state_dir, ns.port, claim, access_log=ns.access_log))
+            try:
+                _port_free(ns.port)
+                asyncio.run(
+                    _run(
+                        state_dir,
+                        ns.port,
+                        claim,
+                        page_port=ns.page_port,
+                        access_log=ns.access_log,
+                    )
+                )
+            finally:
+                # Ours to remove while we hold the claim, however the demo ended.
+                files.remove(state_dir)
     except claims.DemoRunning as exc:
         print(f"subres demo: {exc}", file=sys.stderr)
         return 1

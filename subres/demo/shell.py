@@ -16,6 +16,7 @@ import logging
 import os
 import pty
 import signal
+import sys
 import termios
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,8 @@ __all__ = ["EOT", "EndOfInput", "ShellServer", "hang_up", "pty_streams", "spawn"
 log = logging.getLogger(__name__)
 
 EOT = b"\x04"
+_CONTROLLING_TTY = "import os, sys; os.login_tty(0); os.execvp(sys.argv[1], sys.argv[1:])"
+"""Run with the PTY as stdin: a new session whose controlling terminal it is, then argv."""
 INPUTRC = """\
 # The demo console's readline: yours, minus bracketed paste, whose escape codes
 # would clutter every output read through a pipe (`echo 'uname -a' | subres console`).
@@ -97,9 +100,21 @@ def write_inputrc(path: Path, *, home: str) -> None:
 async def spawn(
     shell: str, *, tty: int, home: str, inputrc: Path, term: str = "xterm-256color"
 ) -> asyncio.subprocess.Process:
-    """An interactive `shell` on the PTY follower `tty`, in a session of its own."""
+    """An interactive `shell` on the PTY follower `tty`, in a session of its own.
+
+    The PTY must be the session's controlling terminal, or the shell turns job
+    control off and says so (`/bin/sh: 0: can't access tty`) at every start:
+    a small Python program makes it so (`os.login_tty`) and then becomes the
+    shell, which a `preexec_fn` would do in a forked child of this threaded
+    process, where that is unsafe.
+    """
     env = {**os.environ, "TERM": term, "PS1": "demo$ ", "INPUTRC": str(inputrc)}
     return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _CONTROLLING_TTY,
         shell,
         "-i",
         stdin=tty,
@@ -107,7 +122,6 @@ async def spawn(
         stderr=tty,
         env=env,
         cwd=home,
-        start_new_session=True,
     )
 
 

@@ -41,25 +41,38 @@ class FileSource:
         self._kinds = {(p.api_version, p.kind): p.resource for p in parents}
         self._secrets = secrets
         self._stamp: tuple[int, int, int] | None = None
+        self._reported: tuple[tuple[int, int, int] | None, str] | None = None
+        """The file's stamp and problem last logged; None once it loads."""
 
     def reload_if_changed(self) -> bool:
-        """Re-read the file when its stamp changed; keep the old objects if it is invalid."""
+        """Re-read the file when its stamp changed; keep the old objects if it is invalid.
+
+        A problem (no file, bad YAML) is logged once per version of the file,
+        not at every poll while the file stays as it is.
+        """
         try:
             st = os.stat(self.path)
         except OSError as exc:
-            log.warning("standalone file %s: %s", self.path, exc)
+            self._stamp = None
+            self._report(str(exc))
             return False
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
             return False
+        self._stamp = stamp
         try:
             docs = [d for d in yaml.safe_load_all(self.path.read_text()) if d]
         except (OSError, yaml.YAMLError) as exc:
-            log.warning("standalone file %s not loaded: %s", self.path, exc)
+            self._report(f"not loaded, the objects read before stay: {exc}")
             return False
-        self._stamp = stamp
+        self._reported = None
         self._load(docs)
         return True
+
+    def _report(self, problem: str) -> None:
+        if self._reported != (self._stamp, problem):
+            self._reported = (self._stamp, problem)
+            log.warning("standalone file %s: %s", self.path, problem)
 
     def _load(self, docs: list[Any]) -> None:
         by_resource: dict[str, list[Mapping[str, Any]]] = {r: [] for r in self._caches}

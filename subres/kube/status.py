@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["REASONS", "StatusError", "exited", "failure", "success"]
+__all__ = ["REASONS", "StatusError", "exited", "failure", "success", "warning"]
 
 REASONS = {
     400: "BadRequest",
@@ -89,3 +89,9 @@ def exited(code: int | None) -> dict[str, Any]:
         "reason": "NonZeroExitCode",
         "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
     }
+
+
+def warning(text: str) -> str:
+    """A `Warning` header value, as kube-apiserver sends them and kubectl prints them."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{escaped}"'

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from aiohttp import hdrs, web
 
+from subres.backends.peer import PeerStream
 from subres.engine.stream import ByteStream
+from subres.kube import status
 from subres.kube.status import StatusError
 from subres.protocol import httpstream
-from subres.server import remotecommand, streaming, subresource
+from subres.server import handshake, remotecommand, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import peer, session, sharing
@@ -34,6 +36,10 @@ SUBPROTOCOLS = (
     "base64.channel.k8s.io",
 )
 """Raw framing (no subprotocol or KubeVirt's) and the Kubernetes channel protocols."""
+_NOTHING_TO_TAIL = (
+    "the console of {} is not kept, so it has no scrollback: tail is ignored "
+    "(a console is kept when its parent opts in, e.g. subres.dev/keep-console)"
+)
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
@@ -55,6 +61,10 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     target = subresource.resolve(state, request, "console")
     url = subresource.endpoint_url(target)
     tail = _tail(request)
+    if handshake.dry_run(request):  # what the page asks when a browser hid a refusal
+        if mode == session.WRITER:
+            await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     # The two dialects' upgrades take different arguments: two calls that look alike.
     if httpstream.is_spdy_upgrade(
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
@@ -73,6 +83,9 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
     backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
+    if tail is not None and not _replays(state, target, backend):
+        # Said, not refused: the session is what was asked for, less a replay.
+        ws.headers.add(hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
     return await streaming.serve(
         state,
         request,
@@ -106,6 +119,13 @@ async def _backend(
     if relayed is not None:
         return relayed, True
     return await sharing.console(state, target, who(request), mode=mode, tail=tail), False
+
+
+def _replays(state: State, target: subresource.Target, backend: ByteStream) -> bool:
+    """Whether the console is kept, here or by its owner, with a scrollback to replay."""
+    if isinstance(backend, PeerStream):
+        return backend.keeps_scrollback
+    return sharing.keeps_scrollback(state, target)
 
 
 def _tail(request: web.Request) -> int | None:

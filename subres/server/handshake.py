@@ -4,16 +4,31 @@ Checked before anything is dialed, so a malformed upgrade costs no backend
 connection and gets a Status. aiohttp's own check lets HTTP/1.0 requests and
 WebSocket versions 7 and 8 through; RFC 6455 wants HTTP/1.1 or later and
 version 13 (anything else is 426 with the version we speak).
+
+A plain GET with `?dryRun=All` (Kubernetes' own dry-run parameter) is a dry
+run: the handler checks everything it would before dialing and answers 200
+with a Success Status, so a client can fail fast (a stopped machine, a port
+not allowed) without taking a session or counting an error. Never an
+upgrade: kube-apiserver's proxy turns any answer to an upgrade below 400 but
+101 into a 503, and an upgrade is answered 101 or refused.
 """
 
 from __future__ import annotations
 
 from aiohttp import hdrs, web
 
+from subres.kube import status
 from subres.kube.status import StatusError
 from subres.server.state import State
 
-__all__ = ["VERSION", "check", "offered_subprotocols", "websocket_response"]
+__all__ = [
+    "VERSION",
+    "check",
+    "dry_run",
+    "dry_run_passed",
+    "offered_subprotocols",
+    "websocket_response",
+]
 
 VERSION = "13"
 """The only WebSocket version RFC 6455 defines."""
@@ -49,6 +64,24 @@ def websocket_response(
     if not ws.can_prepare(request).ok:
         raise StatusError(400, f"malformed WebSocket upgrade request for {what}")
     return ws
+
+
+def dry_run(request: web.Request) -> bool:
+    """True for `?dryRun=All`; any other `dryRun` value is a 400, as in Kubernetes."""
+    asked = request.query.getall("dryRun", [])
+    if not asked:
+        return False
+    if asked != ["All"]:
+        raise StatusError(400, f'dryRun must be "All", not {", ".join(map(repr, asked))}')
+    if hdrs.UPGRADE in request.headers:
+        # An upgrade is answered 101 or refused: never a success that leaves it half-done.
+        raise StatusError(400, "a dry run is a plain GET, without Upgrade")
+    return True
+
+
+def dry_run_passed() -> web.Response:
+    """The answer to a dry run whose every check passed."""
+    return web.json_response(status.success())
 
 
 def check(request: web.Request, *, what: str) -> None:

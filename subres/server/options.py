@@ -7,17 +7,37 @@ sample-apiserver; `Options.validate` reports every problem at once.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from subres.backends import agent
 from subres.serving import certs, connections
 
-__all__ = ["Options", "add_arguments", "add_operator_arguments", "duration"]
+__all__ = [
+    "LOOPBACK",
+    "Options",
+    "add_arguments",
+    "add_operator_arguments",
+    "default_cert_dir",
+    "duration",
+]
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
 _UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+LOOPBACK = "127.0.0.1"
+"""Where standalone mode listens unless told otherwise: only this machine reaches it."""
+EVERYWHERE = "0.0.0.0"
+"""Where cluster mode listens by default: kube-apiserver reaches the pod's address."""
+
+
+def default_cert_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where generated certificates go by default: the user's state directory
+    (`$XDG_STATE_HOME/subres/certificates`, `~/.local/state/…`), never the working one."""
+    state = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "subres" / "certificates"
 
 
 @dataclass(frozen=True)
@@ -104,8 +124,8 @@ class Options:
         """Options from parsed arguments."""
         return cls(
             secure_port=ns.secure_port,
-            bind_address=ns.bind_address,
-            cert_dir=ns.cert_dir,
+            bind_address=ns.bind_address or (LOOPBACK if ns.standalone else EVERYWHERE),
+            cert_dir=ns.cert_dir or default_cert_dir(),
             tls_cert_file=ns.tls_cert_file,
             tls_private_key_file=ns.tls_private_key_file,
             client_ca_file=ns.client_ca_file,
@@ -253,12 +273,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `serve` flags."""
     add = parser.add_argument
     add("--secure-port", type=int, default=8443, help="HTTPS port (0 picks a free one)")
-    add("--bind-address", default="0.0.0.0", help="address to listen on")
+    add(
+        "--bind-address",
+        help=f"address to listen on (default: {LOOPBACK} with --standalone, {EVERYWHERE} in a "
+        "cluster, where kube-apiserver must reach it)",
+    )
     add(
         "--cert-dir",
         type=Path,
-        default=Path("apiserver.local.config/certificates"),
-        help="where generated certificates go when no --tls-cert-file is given",
+        help="where generated certificates go when no --tls-cert-file is given, in a directory "
+        "only you may enter (default: $XDG_STATE_HOME/subres/certificates, "
+        "~/.local/state/subres/certificates)",
     )
     add("--tls-cert-file", type=Path, help="serving certificate (PEM), re-read when it changes")
     add("--tls-private-key-file", type=Path, help="serving key (PEM)")

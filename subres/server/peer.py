@@ -29,7 +29,7 @@ from subres.server import moderate, recordinglist, sessionlist
 from subres.server.state import State
 from subres.serving import certs, errors
 from subres.serving.tls import replica_caller
-from subres.sessions import peer
+from subres.sessions import peer, sharing
 
 __all__ = ["REPLICA_NAME", "build"]
 
@@ -68,6 +68,8 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
     if prepared.held.seat is not None:
         headers.append(("Subres-Recorded", "true"))
+    if prepared.target.spec.name == "console" and sharing.keeps_scrollback(state, prepared.target):
+        headers.append(("Subres-Scrollback", "true"))
     try:
         response, carrier = await upgrade.upgrade(request, headers)
     except BaseException:

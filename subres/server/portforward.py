@@ -11,7 +11,7 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 
 from subres.kube.status import StatusError
-from subres.server import portforward_spdy, portforward_ws
+from subres.server import handshake, portforward_spdy, portforward_ws
 from subres.server.handshake import offered_subprotocols
 from subres.server.state import State
 
@@ -27,7 +27,8 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
         return await portforward_spdy.handle_spdy(state, request)
     if upgrade == "websocket" and TUNNEL_PROTOCOL in offered_subprotocols(request):
         return await portforward_spdy.handle_tunnel(state, request)
-    if upgrade == "websocket":
+    if upgrade == "websocket" or handshake.dry_run(request):
+        # A dry run is a plain GET: the channel handler runs the checks, then answers it.
         return await portforward_ws.handle_channels(state, request)
     raise StatusError(400, "portforward needs a SPDY/3.1 or WebSocket upgrade request")
 

@@ -3,6 +3,8 @@
 `handle_channels` serves `…/portforward?ports=…` (v4 binary, v4 base64, or
 no subprotocol): every check that can fail before the upgrade answers with a
 Status (bad ports 400, a port the parent does not allow 403, endpoint policy);
+with `?dryRun=All` it stops there and answers 200 (a dry run that dials
+nothing, so a CLI can fail fast without counting an error);
 then one backend connection per port, a dial failure reported on that port's
 error channel as kubelet does, and the WebSocket closed once every port ended.
 
@@ -45,6 +47,10 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
         raise StatusError(400, str(exc)) from None
     for port in ports:
         subresource.forward_url(target, port)
+    if handshake.dry_run(request):  # `subres port-forward` checks before it listens
+        for port in set(ports):
+            await subresource.vet(state, target, subresource.forward_url(target, port))
+        return handshake.dry_run_passed()
     handshake.check(request, what=SUBRESOURCE)
     dialect = wire.negotiate(handshake.offered_subprotocols(request))
     if dialect is None:

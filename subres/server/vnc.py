@@ -17,7 +17,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from subres.engine.stream import ByteStream
-from subres.server import streaming, subresource
+from subres.server import handshake, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import peer, session, sharing
@@ -51,7 +51,10 @@ async def _view(
     state: State, request: web.Request, *, mode: str, preserve: bool
 ) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
-    subresource.endpoint_url(target)  # 400 before anything else when there is none
+    url = subresource.endpoint_url(target)  # 400 before anything else when there is none
+    if handshake.dry_run(request):  # `subres vnc` checks before it listens
+        await subresource.vet(state, target, url)
+        return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
     view_only = mode != session.VIEWER
     if mode == session.MODERATOR:

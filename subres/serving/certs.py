@@ -182,7 +182,7 @@ def ensure_self_signed(cert_dir: Path, *, service: str, namespace: str) -> Servi
 
 
 def _write_self_signed(cert_dir: Path, *, service: str, namespace: str) -> None:
-    cert_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _private_dirs(cert_dir)
     ca = generate_ca(f"{service}.{namespace} self-signed CA")
     dns_names, ip_addresses = serving_names(service, namespace)
     serving = issue_serving(
@@ -194,6 +194,15 @@ def _write_self_signed(cert_dir: Path, *, service: str, namespace: str) -> None:
     ca.write(cert_dir / _CA_CERT, cert_dir / _CA_KEY)
     # The serving pair last: its presence is what marks the directory as complete.
     serving.write(cert_dir / _SERVING_CERT, cert_dir / _SERVING_KEY)
+
+
+def _private_dirs(path: Path) -> None:
+    """Make `path` and whichever of its parents are missing, each for its owner only (0700);
+    directories that exist keep their modes."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        directory.chmod(0o700)  # whatever the umask
 
 
 def _issue(

@@ -8,6 +8,11 @@ debug) or, for errors, `err`; then the record's key/value pairs. Code logs
 key/values with `extra={"fields": {...}}` (the session-end line does); they
 are merged into the object, without replacing the keys above. The text format
 shows the message as it is.
+
+Libraries log at INFO what only their authors need (asyncssh writes some
+twenty lines per console session), so below WARNING only subres's own
+records, and the access log the operator asked for, are written unless
+`-v` asks for everyone's (`third_party`).
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["JsonFormatter", "configure"]
+__all__ = ["OWN", "JsonFormatter", "configure"]
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEBUG_VERBOSITY = 4
 _RESERVED = frozenset({"ts", "caller", "msg", "v", "err"})
+OWN = ("subres", "aiohttp.access")
+"""Loggers whose INFO records are always written: ours, and the opt-in access log."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -60,8 +67,19 @@ def _error(record: logging.LogRecord) -> str:
     return record.getMessage()
 
 
-def configure(*, level: int, logging_format: str) -> None:
-    """Send the root logger's records to stderr in `logging_format` at `level`."""
+def configure(*, level: int, logging_format: str, third_party: bool = False) -> None:
+    """Send the root logger's records to stderr in `logging_format` at `level`.
+
+    Other libraries' records below WARNING are dropped unless `third_party`.
+    """
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if logging_format == "json" else logging.Formatter(TEXT))
+    if not third_party:
+        handler.addFilter(_own_or_warning)
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def _own_or_warning(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or any(
+        record.name == own or record.name.startswith(f"{own}.") for own in OWN
+    )

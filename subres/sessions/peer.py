@@ -158,7 +158,7 @@ async def front(
     """
     unit = key(target)
     ask = Ask(unit, mode, who, front=state.replica, preserve=preserve, tail=tail)
-    for attempt in (1, 2):
+    for _ in range(2):  # once more after a 421: the views of the members may differ a moment
         owner = state.owners.owner(unit)
         if owner is None:
             raise StatusError(503, f"no replica serves the {unit} yet; try again shortly")
@@ -172,12 +172,8 @@ async def front(
         except PeerRefused as exc:
             if exc.code != NOT_OWNER:
                 raise StatusError(exc.code, str(exc)) from None
-            if attempt == 2:
-                raise StatusError(
-                    503, f"the replicas do not agree yet on who serves the {unit}; try again"
-                ) from None
-            await asyncio.sleep(0)  # the watch may have caught up meanwhile
-    raise AssertionError("unreachable")
+        await asyncio.sleep(0)  # let the watch catch up
+    raise StatusError(503, f"the replicas do not agree yet on who serves the {unit}; try again")
 
 
 # --- the owner -----------------------------------------------------------------------------

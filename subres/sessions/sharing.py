@@ -29,6 +29,7 @@ __all__ = [
     "display",
     "gate",
     "hub",
+    "keeps_scrollback",
     "may_moderate",
     "moderate",
     "moderated",
@@ -79,6 +80,12 @@ async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -
 def observe(state: Runtime, target: Target, *, tail: int | None) -> Feed:
     """An observer's share of the console."""
     return hub(state, target).attach(tail=tail)
+
+
+def keeps_scrollback(state: Runtime, target: Target) -> bool:
+    """Whether `target`'s console is kept here, with output to replay (`?tail=`)."""
+    kept = state.sessions.hubs.get(key(target))
+    return kept is not None and kept.scrollback is not None
 
 
 def hub(state: Runtime, target: Target) -> Hub:

@@ -1,9 +1,11 @@
 """Serving the browser page: its HTML, our scripts and the vendored ones, its settings.
 
-One set of routes under a prefix (`/ui/`), used both by the API server (where
-the page's WebSockets carry a bearer token) and by `subres web` (where a local
-proxy adds the kubeconfig's credentials). The page is public static content:
-it holds no secret, and every answer forbids framing and sniffing.
+One set of routes under a prefix (`/ui/`), used both by the API server and by
+`subres web` (a local proxy that adds the kubeconfig's credentials). Either
+way the page sends the token its link carried in the fragment: a bearer
+token for the API server, or the proxy's per-launch key. The page is public
+static content: it holds no secret, and every answer forbids framing and
+sniffing.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ TYPES = {
     ".js": "text/javascript",
     ".mjs": "text/javascript",
     ".css": "text/css",
+    ".svg": "image/svg+xml",
     ".txt": "text/plain",
     "": "text/plain",  # LICENSE files
 }
@@ -59,8 +62,6 @@ class PageSettings:
     """Namespace of a machine named without one."""
     machine: str = ""
     """`namespace/name` to open when the page's URL names none; empty shows the picker."""
-    bearer: bool = True
-    """The page sends a bearer token it was given (API server); False behind `subres web`."""
 
 
 def assets_built() -> bool:

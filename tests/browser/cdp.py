@@ -94,6 +94,7 @@ class Browser:
         )
         tab = self._pages[attached["sessionId"]] = Page(self, attached["sessionId"])
         await tab.send("Runtime.enable")
+        await tab.send("Log.enable")  # what the browser itself says: failed loads, CSP
         await tab.resize(width, height)
         return tab
 
@@ -112,7 +113,8 @@ class Page:
         self._browser = browser
         self._session = session
         self.log: list[str] = []
-        """The page's console messages and uncaught exceptions, for failure reports."""
+        """The page's console messages, uncaught exceptions and the browser's own entries
+        (a resource that failed to load), for failure reports and checks."""
 
     def record(self, method: str, params: dict[str, Any]) -> None:
         """Keep what the page logged or threw."""
@@ -122,6 +124,9 @@ class Page:
         elif method == "Runtime.exceptionThrown":
             details = params["exceptionDetails"]
             self.log.append(f"exception: {details.get('exception', {}).get('description')}")
+        elif method == "Log.entryAdded":
+            entry = params["entry"]
+            self.log.append(f"browser.{entry['level']}: {entry['text']} {entry.get('url', '')}")
 
     async def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run one command in this tab."""

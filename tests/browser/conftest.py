@@ -48,7 +48,7 @@ async def browser(browser_ready: None) -> AsyncIterator[cdp.Browser]:
 
 @dataclass
 class Demo:
-    """A running `subres demo`: its page URL (token in the fragment) and kubeconfig."""
+    """A running `subres demo`: its page URL (the relay's key in the fragment), kubeconfig."""
 
     page_url: str
     kubeconfig: Path
@@ -96,7 +96,7 @@ async def demo(tmp_path: Path) -> AsyncIterator[Demo]:
     """`subres demo` on any port, as a newcomer starts it."""
     state = tmp_path / "demo"
     async with start_subres("demo", "--state-dir", str(state), "--port", "0", until=b"Try:") as out:
-        match = re.search(r"browser: +(https://\S+#token=\S+)", out)
+        match = re.search(r"page: +(http://127\.0\.0\.1:\d+/\S+#token=\S+)", out)
         assert match, out
         yield Demo(page_url=match.group(1), kubeconfig=state / "kubeconfig")
 

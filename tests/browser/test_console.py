@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.browser import cdp
 from tests.browser.conftest import Demo, subres_web
 from tests.browser.fakecluster import TOKEN, fake_cluster
@@ -37,6 +39,28 @@ async def test_typing_in_the_demo_page_runs_a_command(
     await page.type("echo sub$((6*7))res\r")
     await page.wait_for(buffer_has("sub42res"))
     await page.screenshot(tmp_path / "console.png")
+    # Nothing the page asked for failed to load (a missing favicon would).
+    assert [line for line in page.log if line.startswith("browser.error")] == []
+
+
+@pytest.mark.parametrize(
+    ("machine", "said"),
+    [
+        ("nope", 'Error from server (NotFound): machines.subres.dev "nope" not found'),
+        ("stopped", "Error from server (Conflict): Machine default/stopped is not Running"),
+    ],
+)
+async def test_a_refused_console_or_display_says_why_as_the_cli_does(
+    browser: cdp.Browser, demo: Demo, machine: str, said: str
+) -> None:
+    """A browser hides why an upgrade was refused: the page asks and shows the answer."""
+    page = await browser.new_page()
+    await page.goto(demo.page_url.replace("machine=default/demo", f"machine={machine}"))
+    status = "document.getElementById('status').textContent"
+    assert said in await page.wait_for(f"{status}.includes('Error from server') && {status}")
+    await page.wait_for(buffer_has(said))
+    await page.evaluate("document.getElementById('tab-vnc').click()")
+    assert said in await page.wait_for(f"{status}.startsWith('display:') && {status}")
 
 
 async def test_the_box_reads_targets_as_the_cli_does(browser: cdp.Browser, demo: Demo) -> None:
@@ -61,7 +85,7 @@ async def test_resizes_reach_the_server_through_subres_web(
     browser: cdp.Browser, tmp_path: Path
 ) -> None:
     async with fake_cluster() as cluster, subres_web(cluster.kubeconfig(tmp_path), "m1") as url:
-        assert url.endswith("/ui/?machine=lab/m1")
+        assert "/ui/?machine=lab/m1#token=" in url
         page = await browser.new_page(width=1000, height=700)
         await page.goto(url)
         await page.wait_for(CONNECTED)

@@ -125,6 +125,10 @@ async def test_the_page_views_only_while_subres_vnc_holds_the_display(
     browser: cdp.Browser, demo: Demo, tmp_path: Path
 ) -> None:
     with subres_vnc(demo, tmp_path) as port:
+        # subres vnc holds the display once a viewer connects (it dials per viewer).
+        viewer, held = await asyncio.open_connection("127.0.0.1", port)
+        async with asyncio.timeout(CLI_TIMEOUT):
+            assert (await viewer.readexactly(12)).startswith(b"RFB ")
         page = await browser.new_page(width=1000, height=700)
         await page.goto(demo.page_url)
         await page.wait_for("!!window.subres")
@@ -140,3 +144,4 @@ async def test_the_page_views_only_while_subres_vnc_holds_the_display(
         await page.wait_for(TOP_LEFT_DRAWN)
         check_demo_picture(await capture(port, tmp_path / "interactive.png"))
         await page.wait_for(VNC_CONNECTED)
+        held.close()

@@ -123,9 +123,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running(argv: Sequence[str], *, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+def running(
+    argv: Sequence[str], *, env: dict[str, str], cwd: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """`argv` with stdout and stderr piped; stopped, and its pipes closed, afterwards."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     try:
         yield proc
     finally:
@@ -136,14 +138,14 @@ def running(argv: Sequence[str], *, env: dict[str, str]) -> Iterator[subprocess.
 
 
 @contextlib.contextmanager
-def running_demo(*args: str, shell: str = "/bin/sh") -> Iterator[Demo]:
-    """`subres demo ARGS` on a free port with `shell` as the machine's console."""
+def running_demo(*args: str, shell: str = "/bin/sh", before: Sequence[str] = ()) -> Iterator[Demo]:
+    """`subres BEFORE demo ARGS` on a free port with `shell` as the machine's console."""
     with tempfile.TemporaryDirectory(prefix="subres-demo-") as tmp:
         state = Path(tmp)
         env = {**cli_env(state), "SHELL": shell}
         with (state / "server.log").open("wb") as log:
             proc = subprocess.Popen(
-                cli("demo", "--state-dir", state, "--port", "0", *args),
+                cli(*before, "demo", "--state-dir", state, "--port", "0", *args),
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=env,
@@ -151,7 +153,7 @@ def running_demo(*args: str, shell: str = "/bin/sh") -> Iterator[Demo]:
         try:
             match = read_until(
                 proc,
-                rb"(?s)serving on (https://127\.0\.0\.1:\d+).*Try:.*/stopped/console\n",
+                rb"(?s)serving on (https://127\.0\.0\.1:\d+).*Try:\n.*meant to fail[^\n]*\n",
                 timeout=START_TIMEOUT,
             )
             yield Demo(match.group(1).decode(), state / "kubeconfig", state, match[0].decode())

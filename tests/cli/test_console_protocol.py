@@ -98,6 +98,9 @@ class FakeConsole:
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         if request.path.endswith(DISCOVERY_PATH):
             return conn.respond(HTTPStatus.OK, json.dumps(DISCOVERY))
+        if request.path.endswith("/sessions"):
+            # An interactive console reads who writes before it connects: nobody here.
+            return conn.respond(HTTPStatus.OK, json.dumps({"kind": "SessionList", "items": []}))
         self.requests.put((request.path, request.headers))
         if not self._refusals:
             return None

@@ -80,14 +80,39 @@ def _log(demo: Demo) -> str:
     return (demo.state_dir / "server.log").read_text()
 
 
-def test_quiet_by_default_and_access_log_on_request() -> None:
+def _console_session(demo: Demo, home: Path) -> None:
+    """One console session: the demo's SSH library logs some twenty INFO lines for it."""
+    done = run_cli(["--kubeconfig", demo.kubeconfig, "console", "demo"], home=home, stdin=b"exit\n")
+    assert done.returncode == 0, done.stderr
+    assert b"can't access tty" not in done.stdout  # the shell has its controlling terminal
+
+
+def _others_info(log: str) -> list[str]:
+    """Lines below WARNING from loggers that are not subres's."""
+    return [
+        line
+        for line in log.splitlines()
+        if " INFO " in line and " subres." not in line and " aiohttp.access:" not in line
+    ]
+
+
+def test_quiet_by_default_and_access_log_on_request(workdir: Path) -> None:
     with running_demo() as quiet:
         _load_the_page(quiet)
+        _console_session(quiet, workdir)
         log = _log(quiet)
     assert "GET /ui" not in log
     assert "serving on https://127.0.0.1:" in log
+    assert _others_info(log) == []
     with running_demo("--access-log") as chatty:
         _load_the_page(chatty)
         log = _log(chatty)
     # Logged when answered: the requests after it were answered later, so it is written.
     assert "GET /ui/app.js" in log
+
+
+def test_other_libraries_speak_up_with_v(workdir: Path) -> None:
+    with running_demo(before=["-v"]) as chatty:
+        _console_session(chatty, workdir)
+        log = _log(chatty)
+    assert any(" INFO asyncssh:" in line for line in _others_info(log)), log

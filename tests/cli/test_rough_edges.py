@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pexpect  # type: ignore[import-untyped]
+import yaml
 
 from tests.cli.conftest import CLI_TIMEOUT, Demo, cli, cli_env, run_cli
 
@@ -53,3 +55,42 @@ def test_usage_names_kubectl_subres_when_run_as_the_plugin(workdir: Path) -> Non
     )
     assert done.returncode == 2
     assert done.stderr.startswith(b"usage: kubectl subres console ")
+
+
+def test_version_is_printed(workdir: Path) -> None:
+    done = run_cli(["--version"], home=workdir)
+    assert done.returncode == 0
+    assert re.fullmatch(rb"subres \d+\.\d+\.\d+\S*\n", done.stdout), done.stdout
+
+
+def test_sessions_print_as_yaml_too(demo: Demo, workdir: Path) -> None:
+    done = run_cli(["--kubeconfig", demo.kubeconfig, "sessions", "-o", "yaml"], home=workdir)
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout)["kind"] == "SessionList"
+
+
+def test_replay_help_offers_no_cluster_flags(workdir: Path) -> None:
+    """replay reads a file: --kubeconfig, --context and -n would do nothing there."""
+    done = run_cli(["replay", "--help"], home=workdir)
+    assert done.returncode == 0
+    assert b"--speed" in done.stdout
+    for flag in (b"--kubeconfig", b"--context", b"--namespace"):
+        assert flag not in done.stdout
+
+
+def test_tail_on_a_console_that_is_not_kept_says_so(demo: Demo, workdir: Path) -> None:
+    args: list[str | Path] = ["--kubeconfig", demo.kubeconfig, "console", "demo", "--tail", "5"]
+    done = run_cli(args, home=workdir, stdin=b"exit\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode().startswith(
+        "Warning: the console of Machine default/demo is not kept, so it has no scrollback: "
+        "tail is ignored"
+    )
+
+
+def test_the_remote_exit_status_is_the_exit_code(demo: Demo, workdir: Path) -> None:
+    """As `kubectl exec`: a shell that exits 3 makes `subres console` exit 3."""
+    args: list[str | Path] = ["--kubeconfig", demo.kubeconfig, "console", "demo"]
+    done = run_cli(args, home=workdir, stdin=b"exit 3\n")
+    assert done.returncode == 3, done.stderr
+    assert b"exit code 3" in done.stderr

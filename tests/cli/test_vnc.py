@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,16 @@ from pathlib import Path
 
 from PIL import Image
 
-from tests.cli.conftest import CLI_TIMEOUT, Demo, cli, cli_env, read_until, run_cli, stop
+from tests.cli.conftest import (
+    CLI_TIMEOUT,
+    Demo,
+    cli,
+    cli_env,
+    read_until,
+    run_cli,
+    running,
+    stop,
+)
 
 WIDTH, HEIGHT = 640, 400
 TITLE_PIXEL = (40 + 16 + 8, 60 + 8)
@@ -110,3 +120,30 @@ def test_vnc_refusals_end_at_once(demo: Demo, workdir: Path) -> None:
         ["--kubeconfig", demo.kubeconfig, "vnc", "demo", "--viewer", "echo no-port"], home=workdir
     )
     assert (done.returncode, b"--viewer needs {port}" in done.stderr) == (1, True)
+
+
+def test_vnc_dials_per_viewer_and_says_why_a_display_ended(demo: Demo, workdir: Path) -> None:
+    """A viewer never gets a connection someone took over before it came, and a viewer that
+    is taken over is told so on the terminal, where a VNC viewer says only "disconnected"."""
+    argv = cli("--kubeconfig", demo.kubeconfig, "vnc", "demo", "--proxy-only")
+    env = cli_env(workdir)
+    with running(argv, env=env) as first, running(argv, env=env) as second:
+        ports = [
+            int(json.loads(read_until(p, rb"\{.*\}\n", timeout=CLI_TIMEOUT).group(0))["port"])
+            for p in (first, second)
+        ]
+        # After the first relay started, a viewer of the second takes the display...
+        with socket.create_connection(("127.0.0.1", ports[1]), timeout=CLI_TIMEOUT) as other:
+            assert other.recv(12) == b"RFB 003.008\n"
+            # ...and a viewer of the first still gets a live session: past the version, the
+            # server's security types arrive.
+            with socket.create_connection(("127.0.0.1", ports[0]), timeout=CLI_TIMEOUT) as mine:
+                assert mine.recv(12) == b"RFB 003.008\n"
+                mine.sendall(b"RFB 003.008\n")
+                count = mine.recv(1)
+                assert count and count[0] >= 1
+                said = read_until(
+                    second, rb"the display session ended: ([^\n]*)\n", timeout=CLI_TIMEOUT,
+                    stream="stderr",
+                )  # fmt: skip
+                assert b"taken over by demo (4001)" in said.group(1)

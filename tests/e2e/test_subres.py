@@ -38,6 +38,7 @@ from websockets.typing import Subprotocol
 
 from subres.demo.vnc import Display, VncServer
 from subres.serving import certs
+from tests.cli.conftest import cli, cli_env, read_until, running
 from tests.e2e import subresserver
 from tests.e2e.controlplane import APIError, ControlPlane, KubectlResult, poll, run_sync
 from tests.e2e.subresserver import GROUP, SERVER_NAME, VERSION, Subres
@@ -802,6 +803,42 @@ async def test_client_go_port_forward_and_exec_through_kube_apiserver(
         assert digest(out) == digest(payload)
 
     await asyncio.gather(forwarding(), executing())
+
+
+async def dry_run(plane: ControlPlane, path: str) -> tuple[int, str]:
+    """A dry run's status code and Status `status`, as alice, through kube-apiserver."""
+    ctx = ssl.create_default_context(cafile=str(plane.server_ca))
+    headers = {"Authorization": f"Bearer {plane.users['alice'].token}"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(plane.url + path, ssl=ctx, headers=headers) as response,
+    ):
+        return response.status, (await response.json())["status"]
+
+
+async def test_dry_runs_pass_kube_apiserver_and_subres_port_forward_uses_them(
+    control_plane: ControlPlane, subres: Subres, backend: Backend
+) -> None:
+    """A dry run is a plain GET, proxied as any other, so its 200 reaches the client (an
+    upgrade answered 200 would be a 503 here); `subres port-forward` starts with one."""
+    port = int(backend.url.rsplit(":", 1)[1])
+    name = "dry-run"
+    forward = ("127.0.0.1", [port])
+    await put_machine(control_plane, name, console=backend.url, vnc=backend.url, forward=forward)
+    route = via_apiserver(control_plane, "alice")
+    await wait_served(route, name)
+    accepted = backend.accepted
+    answers = {}
+    for sub, query in (("portforward", f"?ports={port}&dryRun=All"), ("vnc", "?dryRun=All")):
+        answers[sub] = await dry_run(control_plane, machine_path(name, sub) + query)
+    assert answers == {"portforward": (200, "Success"), "vnc": (200, "Success")}
+    assert backend.accepted == accepted  # nothing dialed
+    argv = cli("--kubeconfig", control_plane.kubeconfig_for("alice"), "port-forward")
+    argv += ["-n", NS, name, f"0:{port}"]
+    with running(argv, env=cli_env(control_plane.workdir)) as proc:
+        local = read_until(proc, rb"Forwarding from 127\.0\.0\.1:(\d+) ", timeout=PEER_TIMEOUT_S)
+        payload = os.urandom(1 << 20)
+        assert digest(await forwarded_echo(int(local[1]), payload)) == digest(payload)
 
 
 # -- beyond kube-apiserver's request timeout --------------------------------------------

@@ -8,15 +8,19 @@ the target goes to libFuzzer, for example:
 
 Defaults added unless given: `-timeout=10` (an input that runs longer is a
 hang, reported and saved), `-rss_limit_mb=1024` and `-malloc_limit_mb=512`
-(memory that grows is a finding too), `-max_len=4096`. libFuzzer prints a line
-per new coverage or every few seconds, and `Done N runs in S second(s)` at the
-end; a finding stops the run, prints its traceback and writes the input to a
-`crash-…`/`timeout-…`/`oom-…` file, and the exit code is non-zero.
+(memory that grows is a finding too), `-max_len=4096`, and
+`-artifact_prefix=.cache/fuzz/TARGET/` (git-ignored: findings never land in
+the working directory, where they could be committed). libFuzzer prints a
+line per new coverage or every few seconds, and `Done N runs in S second(s)`
+at the end; a finding stops the run, prints its traceback and writes the
+input to a `crash-…`/`timeout-…`/`oom-…` file there, and the exit code is
+non-zero. Replay one with `python -m tests.fuzz TARGET FILE`.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import atheris
 
@@ -42,6 +46,10 @@ def main(argv: list[str]) -> int:
         return 2
     given = {flag.split("=", 1)[0] for flag in flags}
     defaults = [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given]
+    if "-artifact_prefix" not in given:
+        findings = Path(".cache", "fuzz", name)
+        findings.mkdir(parents=True, exist_ok=True)
+        defaults.append(f"-artifact_prefix={findings}/")
     atheris.Setup([f"{argv[0]} {name}", *defaults, *flags], TARGETS[name])
     atheris.Fuzz()
     return 0

@@ -28,7 +28,7 @@ from tests.server.replicas import (
     replicas,
     url,
 )
-from tests.support import Backend, wait_for
+from tests.support import Backend, machine, wait_for
 
 OPT_IN = {"subres.dev/keep-console": "true", "subres.dev/record-console": "true"}
 
@@ -144,3 +144,23 @@ async def test_a_lost_owner_is_marked_in_the_next_recording(
             f"the replica {owner.state.replica} that kept this console was lost; "
             f"{other.state.replica} keeps it now"
         )
+
+
+async def test_tail_is_warned_about_only_when_the_owner_keeps_no_scrollback(
+    tmp_path: Path, backend: Backend
+) -> None:
+    async with (
+        replicas(tmp_path, backend, annotations=OPT_IN) as (fake, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, other = owner_and_other(servers)
+        await wait_for(lambda: keeping(owner))
+        where = url(other, "console-observe", "?tail=5")
+        async with http.ws_connect(where, **as_user(tmp_path, "olive")) as ws:
+            assert "Warning" not in ws._response.headers
+        vm = machine("vm", console=backend.url)  # no longer opts in: let go
+        vm["status"]["vnc"] = {"endpoint": backend.url}
+        await fake.put(vm)
+        await wait_for(lambda: not keeping(owner))
+        async with http.ws_connect(where, **as_user(tmp_path, "olive")) as ws:
+            assert "is not kept, so it has no scrollback" in ws._response.headers["Warning"]

@@ -139,3 +139,36 @@ async def _cluster_get(server: Server, path: str, tmp: Path, headers: dict[str, 
         ) as response,
     ):
         assert response.status == 200
+
+
+async def test_a_dry_run_counts_as_a_success_and_dials_nothing(tmp_path: Path) -> None:
+    """`subres port-forward` and `subres vnc` check before they listen: a check that passes
+    is a 200, not the 400 each successful start used to count."""
+    backend = await Backend().start_tcp()
+    port = int(backend.url.rsplit(":", 1)[1])
+    vm = machine("vm", status={"portForward": {"address": "127.0.0.1", "ports": [port]}})
+    vm["status"]["vnc"] = {"endpoint": backend.url}
+    stopped = machine("off", phase="Stopped", status={"vnc": {"endpoint": backend.url}})
+    try:
+        async with start_standalone(tmp_path, vm, stopped) as s:
+            before = await scrape(s.base, s.client_ssl, s.auth)
+            machines = f"/apis/{GROUP_VERSION}/namespaces/default/machines"
+            forward = f"{machines}/vm/portforward?ports={port}&dryRun=All"
+            assert await _get(s, forward, s.auth) == 200
+            assert await _get(s, f"{machines}/vm/vnc?dryRun=All", s.auth) == 200
+            # The dry run checks what the real thing would: a port not allowed, a stopped one.
+            assert await _get(s, forward.replace(f"={port}", "=1"), s.auth) == 403
+            assert await _get(s, f"{machines}/off/vnc?dryRun=All", s.auth) == 409
+            assert await _get(s, f"{machines}/vm/vnc?dryRun=None", s.auth) == 400
+            upgrade = {**s.auth, "Connection": "Upgrade", "Upgrade": "websocket"}
+            assert await _get(s, f"{machines}/vm/vnc?dryRun=All", upgrade) == 400
+            after = await scrape(s.base, s.client_ssl, s.auth)
+    finally:
+        await backend.stop()
+    assert backend.accepted == 0
+
+    def grew(kind: str, code: int) -> float:
+        return requests(after, kind, code) - requests(before, kind, code)
+
+    assert (grew("portforward", 200), grew("vnc", 200)) == (1, 1)
+    assert grew("portforward", 400) == 0

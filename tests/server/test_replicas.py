@@ -185,3 +185,30 @@ async def test_a_view_only_viewer_on_one_replica_sees_the_display_the_viewer_on_
     finally:
         await vnc.stop()
         await display.stop()
+
+
+async def test_while_the_replicas_disagree_on_the_owner_the_client_gets_a_503_before_upgrading(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
+        owner, other = owner_and_other(servers)
+        # The owner's view (as if its watch had not seen itself yet) says it owns nothing,
+        # and stays so for the test.
+        monkeypatch.setattr(owner.state.owners, "update", lambda *_, **__: None)
+        owner.state.owners.members = (other.state.replica,)
+        user = as_user(tmp_path, "alice")
+        upgrade = {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        }
+        where = url(other, "console").replace("wss://", "https://")
+        async with http.get(where, ssl=user["ssl"], headers=user["headers"] | upgrade) as r:
+            status = json.loads(await r.text())
+        assert (r.status, status["kind"], status["code"]) == (503, "Status", 503)
+        assert status["message"] == (
+            "the replicas do not agree yet on who serves the console of default/vm; try again"
+        )
+        assert backend.accepted == 0
+        assert not owner.state.sessions.live and not owner.state.sessions.exclusive

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from subres.web import page
 
-SETTINGS = page.PageSettings(api_prefix="/apis/g.example/v1", machine="lab/m1", bearer=False)
+SETTINGS = page.PageSettings(api_prefix="/apis/g.example/v1", machine="lab/m1")
 
 
 @pytest.fixture
@@ -37,12 +37,22 @@ async def test_the_page_and_its_settings(client: TestClient[web.Request, web.App
         "types": ["machines", "machine"],
         "namespace": "default",
         "machine": "lab/m1",
-        "bearer": False,
     }
 
 
+async def test_both_pages_name_their_icon(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    """A page without an icon makes the browser ask for /favicon.ico, a 404 in its console."""
+    for path in ("/ui/", "/ui/replay.html"):
+        assert '<link rel="icon" href="favicon.svg"' in await (await client.get(path)).text()
+    icon = await client.get("/ui/favicon.svg")
+    assert icon.status == 200
+    assert icon.headers["Content-Type"] == "image/svg+xml; charset=utf-8"
+
+
 async def test_scripts_are_javascript(client: TestClient[web.Request, web.Application]) -> None:
-    for path in ("/ui/app.js", "/ui/console.js", "/ui/vnc.js"):
+    for path in ("/ui/app.js", "/ui/console.js", "/ui/vnc.js", "/ui/errors.js"):
         answer = await client.get(path)
         assert answer.headers["Content-Type"] == "text/javascript; charset=utf-8", path
     if page.assets_built():

@@ -1,5 +1,6 @@
 // The page: which machine, how to authenticate, the tabs, the status badge, and who holds what.
 import { ConsoleView } from './console.js';
+import { explain } from './errors.js';
 import { RecordingsView } from './recordings.js';
 import { Presence, summary } from './sharing.js';
 import { VncView } from './vnc.js';
@@ -18,8 +19,8 @@ document.getElementById('picker').elements.machine.value = machine || '';
 if (machine) {
   document.getElementById('machine').textContent = machine;
   document.title = `${machine} · subres`;
-  const token = settings.bearer ? takeToken() : '';
-  if (settings.bearer && !token) {
+  const token = takeToken();
+  if (!token) {
     askForToken();
   } else {
     start(token);
@@ -75,14 +76,16 @@ function start(token) {
     states[name] = [state, text];
     if (name === visible) showStatus(state, text);
   };
+  // Why a connection was refused: the same subresource read as a plain GET.
+  const why = (sub) => explain(read(sub), headers);
   const presence = new Presence({ url: read('sessions'), headers, onChange: showHolder });
   views.console = new ConsoleView(document.getElementById('console'), {
     url: endpoint('console'), observeUrl: endpoint('console-observe'), auth,
-    onStatus: report('console'),
+    onStatus: report('console'), why,
   });
   views.vnc = new VncView(document.getElementById('vnc'), {
     url: endpoint('vnc'), observeUrl: endpoint('vnc-observe'), auth, onStatus: report('vnc'),
-    presence,
+    presence, why,
   });
   views.recordings = new RecordingsView(document.getElementById('recordings'), {
     url: read('recordings'), headers, machine, onStatus: report('recordings'),

@@ -8,9 +8,10 @@ const SUBPROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const STDIN = 0, STDOUT = 1, STDERR = 2, ERROR = 3, RESIZE = 4;
 
 export class ConsoleView {
-  constructor(element, { url, observeUrl, auth, onStatus }) {
+  constructor(element, { url, observeUrl, auth, onStatus, why }) {
     this.element = element;
     this.urls = { writer: url, observer: observeUrl };
+    this.why = why;
     this.mode = 'writer';
     this.protocols = [...SUBPROTOCOLS, ...auth];
     this.onStatus = onStatus;
@@ -43,16 +44,21 @@ export class ConsoleView {
     this.onStatus('connecting', 'connecting');
     this.failure = '';
     const ws = new WebSocket(this.urls[mode], this.protocols);
+    let opened = false;
     ws.binaryType = 'arraybuffer';
     ws.onopen = () => {
+      opened = true;
       const observing = mode === 'observer';
       this.terminal.options.disableStdin = observing;
       this.onStatus('connected', observing ? 'console observed (read-only)' : 'console connected');
       this.sendSize();
     };
     ws.onmessage = (event) => this.receive(new Uint8Array(event.data));
-    ws.onclose = (event) => {
-      const reason = this.failure || event.reason || (event.code === 1000 ? 'closed' : 'connection lost');
+    ws.onclose = async (event) => {
+      // A refused upgrade reaches a page only as a lost connection: ask the server why.
+      const refused = opened ? '' : await this.why(mode === 'observer' ? 'console-observe' : 'console');
+      const reason = this.failure || event.reason || refused
+        || (event.code === 1000 ? 'closed' : 'connection lost');
       this.terminal.options.disableStdin = false;
       this.onStatus('disconnected', `console: ${reason}`);
       this.terminal.write(`\r\n\x1b[2m[${reason}; press Enter to reconnect]\x1b[0m\r\n`);

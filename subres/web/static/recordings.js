@@ -31,7 +31,9 @@ export class RecordingsView {
 
   none() {
     const text = document.createElement('p');
-    text.textContent = 'No recorded sessions of this machine.';
+    text.textContent = 'No recorded sessions of this machine. Its console sessions are recorded '
+      + 'when the server has a recordings directory (consoles.recordings) and the machine opts in '
+      + '(annotation subres.dev/record-console: "true").';
     return text;
   }
 

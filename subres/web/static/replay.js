@@ -7,7 +7,7 @@ const query = new URLSearchParams(location.search);
 const machine = query.get('machine') || '';
 const recording = query.get('recording') || '';
 const status = document.getElementById('status');
-const token = settings.bearer ? sessionStorage.getItem(TOKEN_KEY) || '' : '';
+const token = sessionStorage.getItem(TOKEN_KEY) || '';
 
 document.getElementById('machine').textContent = `${machine} · ${recording}`;
 document.getElementById('back').href = `./?${new URLSearchParams({ machine })}#recordings`;

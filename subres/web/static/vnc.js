@@ -6,8 +6,9 @@ import { choose, holder } from './sharing.js';
 const SUBPROTOCOLS = ['binary'];
 
 export class VncView {
-  constructor(element, { url, observeUrl, auth, onStatus, presence }) {
+  constructor(element, { url, observeUrl, auth, onStatus, presence, why }) {
     this.element = element;
+    this.why = why;
     this.urls = { writer: url, observer: observeUrl };
     this.protocols = [...SUBPROTOCOLS, ...auth];
     this.onStatus = onStatus;
@@ -34,7 +35,11 @@ export class VncView {
     rfb.viewOnly = this.mode === 'observer';
     rfb.scaleViewport = true;
     const what = this.mode === 'observer' ? 'display (view-only)' : 'display';
-    rfb.addEventListener('connect', () => this.onStatus('connected', `${what} connected`));
+    let opened = false;
+    rfb.addEventListener('connect', () => {
+      opened = true;
+      this.onStatus('connected', `${what} connected`);
+    });
     rfb.addEventListener('desktopname', (event) => {
       if (event.detail.name) this.onStatus('connected', `${what}: ${event.detail.name}`);
     });
@@ -46,8 +51,9 @@ export class VncView {
     rfb.addEventListener('securityfailure', (event) => {
       this.failure = event.detail.reason || 'authentication failed';
     });
-    rfb.addEventListener('disconnect', (event) => {
-      const reason = this.failure || (event.detail.clean ? 'closed' : 'connection lost');
+    rfb.addEventListener('disconnect', async (event) => {
+      const refused = opened ? '' : await this.why(this.mode === 'observer' ? 'vnc-observe' : 'vnc');
+      const reason = this.failure || refused || (event.detail.clean ? 'closed' : 'connection lost');
       this.onStatus('disconnected', `display: ${reason}; click to reconnect`);
       this.rfb = null;
       this.element.addEventListener('click', () => this.show(), { once: true });
