@@ -28,7 +28,7 @@ from subres.policies import Limits
 from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
 from subres.protocol.spdy import Role
-from subres.server import handshake, subresource
+from subres.server import handshake, limited, subresource
 from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import session
@@ -51,7 +51,7 @@ async def handle_spdy(state: State, request: web.Request) -> web.StreamResponse:
         )
     except httpstream.HandshakeRefused as exc:
         raise refusal(exc) from None
-    granted = session.admit(state, who(request), target=target)
+    granted = await limited.admit(state, who(request), target=target)
     response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
     await _serve(state, request, target, socket, dialect=f"spdy/{protocol}", limits=granted)
     return response
@@ -63,7 +63,7 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
     ws = handshake.websocket_response(
         state, request, what="portforward", subprotocol=pairs.TUNNEL_PROTOCOL
     )
-    granted = session.admit(state, who(request), target=target)
+    granted = await limited.admit(state, who(request), target=target)
     await ws.prepare(request)
     carrier = WebSocketCarrier(ws)
     await _serve(state, request, target, carrier, dialect=pairs.TUNNEL_PROTOCOL, limits=granted)

@@ -24,7 +24,7 @@ from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
-from subres.server import handshake, subresource
+from subres.server import handshake, limited, subresource
 from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import limits, session
@@ -57,7 +57,7 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
         supported = ", ".join(name for name in wire.DIALECTS if name)
         raise StatusError(400, f"unsupported subprotocols for portforward; supported: {supported}")
     ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect.name)
-    granted = session.admit(state, who(request), target=target)
+    granted = await limited.admit(state, who(request), target=target)
     ws.headers.update(limits.headers(granted))
     vetted = {
         port: await subresource.vet(state, target, subresource.forward_url(target, port))
@@ -131,7 +131,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
     ws = handshake.websocket_response(
         state, request, what=SUBRESOURCE, subprotocol=dialect.name, autoclose=False
     )
-    granted = session.admit(state, who(request), target=target)
+    granted = await limited.admit(state, who(request), target=target)
     ws.headers.update(limits.headers(granted))
     backend = await subresource.connect(state, target, url, protocol=protocol)
     try:

@@ -30,7 +30,7 @@ from subres.engine.websocket import CloseCode
 from subres.kube.status import exited, failure
 from subres.protocol import httpstream
 from subres.protocol.spdy import Role
-from subres.server import portforward_spdy
+from subres.server import limited, portforward_spdy
 from subres.server.middleware import USER, who
 from subres.server.state import State
 from subres.sessions import limits, session
@@ -71,7 +71,7 @@ async def serve(
     """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`
     (`owner` False: it relays to the replica that owns the unit)."""
     try:
-        granted = session.admit(state, who(request), target=target, mode=mode)
+        granted = await limited.admit(state, who(request), target=target, mode=mode)
         async with session.hold(
             state,
             request[USER].name,

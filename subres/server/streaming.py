@@ -17,7 +17,7 @@ from subres.engine.websocket import WebSocketClient
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol.channels import Dialect
-from subres.server import handshake
+from subres.server import handshake, limited
 from subres.server.middleware import USER, who
 from subres.server.state import State
 from subres.sessions import limits, session
@@ -62,7 +62,7 @@ async def serve(
     """
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
-        granted = session.admit(state, who(request), target=target, mode=mode)
+        granted = await limited.admit(state, who(request), target=target, mode=mode)
         ws.headers.update(limits.headers(granted))
         async with session.hold(
             state,

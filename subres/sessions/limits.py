@@ -1,8 +1,9 @@
 """Per-role limits in force: how many sessions a user may open, how long one lasts, how idle.
 
-`admit` runs before a session's upgrade: the rules (`policies.Limits`) that
-select it are found, and a user already at a rule's `maxSessionsPerUser`
-(counting the sessions this replica fronts that the same rule selects) is
+`admit` runs before a session's upgrade: the rules (`policies.Limits`)
+that select it are found, and a user already at a rule's
+`maxSessionsPerUser` (counting the sessions that the same rule selects, on
+every replica: the server asks the others when a rule has such a limit) is
 refused with 429. Once live, `Watch` ends the session when it reaches its
 `maxSessionDuration` (close code 4004) or goes `idleTimeout` without input
 from its client (4005), each with a reason naming the rule, which the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from subres.engine.websocket import CloseCode
@@ -22,7 +24,16 @@ from subres.kube.status import StatusError
 from subres.policies import Limit, LimitRule, Limits
 from subres.serving.units import human_age
 
-__all__ = ["DURATION_HEADER", "IDLE_HEADER", "Watch", "admit", "headers", "rbac_name"]
+__all__ = [
+    "DURATION_HEADER",
+    "IDLE_HEADER",
+    "Counted",
+    "Session",
+    "Watch",
+    "admit",
+    "headers",
+    "rbac_name",
+]
 
 DURATION_HEADER = "Subres-Session-Seconds-Left"
 """Seconds the session may last from its upgrade, when a rule limits them."""
@@ -31,13 +42,21 @@ IDLE_HEADER = "Subres-Idle-Timeout"
 SUFFIXES = {"observer": "-observe", "moderator": "-moderate"}
 
 
-class Counted(Protocol):
+class Session(Protocol):
     """What `admit` needs of a live session: whose, and of what."""
 
     @property
     def user(self) -> str: ...
     @property
     def rbac(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A session another replica fronts, as `admit` counts it."""
+
+    user: str
+    rbac: str
 
 
 def rbac_name(subresource: str, mode: str) -> str:
@@ -51,7 +70,7 @@ def admit(
     user: str,
     groups: tuple[str, ...],
     subresource: str,
-    live: Iterable[Counted],
+    live: Iterable[Session],
 ) -> Limits:
     """The limits of a new session, or 429 when the user has as many as a rule allows."""
     limits = Limits.of(tuple(rules), user=user, groups=groups, subresource=subresource)

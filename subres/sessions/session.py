@@ -39,7 +39,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -495,16 +495,25 @@ def live(
     )
 
 
-def admit(state: Runtime, who: Who, *, target: Target, mode: str = "") -> Limits:
+def admit(
+    state: Runtime,
+    who: Who,
+    *,
+    target: Target,
+    mode: str = "",
+    elsewhere: Sequence[tuple[str, str]] = (),
+) -> Limits:
     """The limits of a new session of `who`, before its upgrade; 429 when the user already
-    has as many sessions as a rule allows (counting those this replica fronts)."""
+    has as many sessions as a rule allows, counting those this replica fronts and
+    `elsewhere` (the subresources and modes of the user's sessions on other replicas)."""
     mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
+    others = [limits.Counted(who.user, rbac_name(sub, how)) for sub, how in elsewhere]
     return limits.admit(
         state.config.limits,
         user=who.user,
         groups=who.groups,
         subresource=rbac_name(target.spec.name, mode),
-        live=[s for s in state.sessions.live if isinstance(s, Live)],
+        live=[*(s for s in state.sessions.live if isinstance(s, Live)), *others],
     )
 
 

@@ -1,5 +1,6 @@
-"""Moderation across replicas: the writer, the moderator and the one who ends it may each reach
-a different replica; the owner of the console holds the gate.
+"""Moderation and limits across replicas: the writer, the moderator and the one who ends it may
+each reach a different replica (the owner of the console holds the gate), and a user's sessions
+are counted on every replica.
 
 Two real cluster-mode replicas (`tests.server.replicas`); users arrive as
 kube-apiserver's front proxy says, mia with the group `sre-leads`.
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.server.replicas import as_user, owner_and_other, replicas, url
 from tests.support import Backend
@@ -56,3 +58,21 @@ async def test_a_writer_on_one_replica_waits_for_a_moderator_on_the_other_who_en
                     4006,
                     "ended by the moderator mia",
                 )
+
+
+async def test_max_sessions_per_user_counts_the_sessions_other_replicas_front(
+    tmp_path: Path, backend: Backend
+) -> None:
+    rule = {"name": "one", "subresources": ["console", "console-observe"], "maxSessionsPerUser": 1}
+    async with (
+        replicas(tmp_path, backend, config=lambda _: {"limits": [rule]}) as (_, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        first, second = servers
+        async with http.ws_connect(url(first, "console-observe"), **as_user(tmp_path, "alice")):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(url(second, "console"), **as_user(tmp_path, "alice"))
+            assert refused.value.status == 429
+            async with http.ws_connect(url(second, "console"), **as_user(tmp_path, "bob")) as bob:
+                await bob.send_bytes(b"bob may")
+                assert await until(bob, b"bob may") == b"bob may"
