@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from subres.demo.vnc import Display, VncServer
 from subres.protocol import displayrec
+from tests.server.test_recordings import api
 from tests.server.test_vnc import vnc_machine
 from tests.server.test_vnc_shared import KEY, Viewer
-from tests.support import GROUP_VERSION, Standalone, start_standalone, wait_for
+from tests.support import Standalone, start_standalone, wait_for
 
 RECORD = {"subres.dev/record-display": "true"}
 WAIT = 20.0
@@ -91,15 +91,6 @@ async def until(predicate: Any) -> None:
             await asyncio.sleep(0.05)
 
 
-async def api(subres: Standalone, path: str) -> tuple[int, str, bytes]:
-    url = f"{subres.base}/apis/{GROUP_VERSION}/namespaces/default/machines/vm1/{path}"
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(url, ssl=subres.client_ssl, headers=subres.auth) as r,
-    ):
-        return r.status, r.content_type, await r.read()
-
-
 async def test_a_recorded_display_replays_what_it_showed_and_who_watched(
     tmp_path: Path, subres: Standalone, display: VncServer, clock: Clock
 ) -> None:
@@ -119,10 +110,10 @@ async def test_a_recorded_display_replays_what_it_showed_and_who_watched(
         assert display.display.rgb != first
         await until(lambda: replay(on_disk(tmp_path))[0].rgb == display.display.rgb)
     await wait_for(lambda: not subres.server.state.sessions.live)
-    status, _, body = await api(subres, "recordings")
+    status, _, body = await api(subres, "vm1/recordings")
     (item,) = json.loads(body)["items"]
     assert (status, item["subresource"], item["title"]) == (200, "vnc", "Machine default/vm1 vnc")
-    status, content_type, data = await api(subres, f"recordings/{item['name']}")
+    status, content_type, data = await api(subres, f"vm1/recordings/{item['name']}")
     assert (status, content_type) == (200, "application/vnd.subres.display-recording")
     screen, seen = replay(data)
     assert (screen.width, screen.height) == (display.display.width, display.display.height)
