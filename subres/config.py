@@ -243,6 +243,10 @@ class SessionSpec:
     """Seconds a shared SSH connection stays open after its last session ended."""
     observer_backlog: int = 1 << 20
     """Bytes an observer may fall behind a console before it is cut off (close code 4002)."""
+    max_observers: int = 100
+    """Observers (of consoles and displays) one replica serves at once; more get 429."""
+    max_observers_per_console: int = 20
+    """Observers one console, or one display, may have at once; more get 429."""
 
 
 @dataclass(frozen=True)
@@ -258,13 +262,22 @@ class ConsolesSpec:
     scrollback: int = 64 * 1024
     """Bytes of output a kept console keeps for whoever attaches next."""
     max_kept: int = 1000
-    """Consoles one replica keeps at most; parents past it are not kept (and logged)."""
+    """Consoles one replica keeps at most, shared fairly between namespaces (logged past it)."""
+    max_kept_per_namespace: int = 100
+    """Consoles of one namespace kept at most, however many opt in."""
     recordings: str = ""
     """Directory recordings are written to; empty: nothing is recorded."""
     max_recording_bytes: int = 64 << 20
     """Size of one recording file before it goes on in a new one."""
     max_recordings_bytes: int = 1 << 30
-    """Size of all recordings; the oldest files are deleted past it."""
+    """Size of all recordings together; past it nothing more is recorded (nothing is deleted
+    to make room across namespaces)."""
+    max_namespace_bytes: int = 256 << 20
+    """Size of one namespace's recordings; past 90 % of it that namespace's oldest recordings
+    not recorded `always` or `required` are deleted, at 100 % its recorded consoles and
+    displays refuse sessions."""
+    max_age: float = 0.0
+    """Seconds after its last write that a recording is deleted, audit or not; 0: never."""
     display_rate: float = 4.0
     """Framebuffer updates a display's recording asks for per second, at most."""
 
@@ -625,6 +638,8 @@ def _session(data: Any) -> SessionSpec:
         "screenshotMaxPixels",
         "screenshotConcurrency",
         "observerBacklog",
+        "maxObservers",
+        "maxObserversPerConsole",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -654,6 +669,11 @@ def _session(data: Any) -> SessionSpec:
         observer_backlog=_count(
             doc.get("observerBacklog", default.observer_backlog), "observerBacklog"
         ),
+        max_observers=_count(doc.get("maxObservers", default.max_observers), "maxObservers"),
+        max_observers_per_console=_count(
+            doc.get("maxObserversPerConsole", default.max_observers_per_console),
+            "maxObserversPerConsole",
+        ),
     )
 
 
@@ -664,13 +684,21 @@ def _consoles(data: Any) -> ConsolesSpec:
         "recordDisplayAnnotation",
         "scrollback",
         "maxKept",
+        "maxKeptPerNamespace",
         "recordings",
     }
     doc = _mapping(data, "consoles", keys)
     files = _mapping(
         doc.get("recordings", {}),
         "consoles.recordings",
-        {"directory", "maxFileBytes", "maxTotalBytes", "displayRate"},
+        {
+            "directory",
+            "maxFileBytes",
+            "maxTotalBytes",
+            "maxNamespaceBytes",
+            "maxAge",
+            "displayRate",
+        },
     )
     d = ConsolesSpec()
 
@@ -688,6 +716,9 @@ def _consoles(data: Any) -> ConsolesSpec:
         ),
         scrollback=size(doc.get("scrollback", d.scrollback), "scrollback"),
         max_kept=size(doc.get("maxKept", d.max_kept), "maxKept"),
+        max_kept_per_namespace=size(
+            doc.get("maxKeptPerNamespace", d.max_kept_per_namespace), "maxKeptPerNamespace"
+        ),
         recordings=_str(files.get("directory", d.recordings), "recordings.directory"),
         max_recording_bytes=size(
             files.get("maxFileBytes", d.max_recording_bytes), "recordings.maxFileBytes"
@@ -695,6 +726,12 @@ def _consoles(data: Any) -> ConsolesSpec:
         max_recordings_bytes=size(
             files.get("maxTotalBytes", d.max_recordings_bytes), "recordings.maxTotalBytes"
         ),
+        max_namespace_bytes=size(
+            files.get("maxNamespaceBytes", d.max_namespace_bytes), "recordings.maxNamespaceBytes"
+        ),
+        max_age=_positive(files["maxAge"], "consoles.recordings.maxAge")
+        if "maxAge" in files
+        else d.max_age,
         display_rate=_positive(
             files.get("displayRate", d.display_rate), "consoles.recordings.displayRate"
         ),

@@ -226,15 +226,19 @@ async def openapi_v3_index(state: State, request: web.Request) -> web.Response:
 
 
 async def openapi_v3(state: State, request: web.Request) -> web.Response:
-    """The group-version document; immutable under its hash, redirected when the hash is old."""
+    """The group-version document; immutable under its own hash, plain under any other.
+
+    kube-openapi redirects an old hash to the current one (301). subres never
+    redirects: kube-apiserver turns an aggregated server's redirect into a 502
+    (`--aggregator-reject-forwarding-redirect`, the fix of CVE-2022-3172), and
+    during a rolling update its index may name a hash one replica no longer
+    has. Under a hash that is not its own, the document is served uncacheable.
+    """
     spec = state.openapi
-    asked = request.query.get("hash")
-    if asked is None:
-        return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": "no-cache, private"})
-    if asked != spec.v3_hash:
-        location = f"/openapi/v3/{spec.v3_path}?hash={spec.v3_hash}"
-        raise web.HTTPMovedPermanently(location)
-    return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": "public, immutable"})
+    cache = (
+        "public, immutable" if request.query.get("hash") == spec.v3_hash else "no-cache, private"
+    )
+    return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": cache})
 
 
 async def metrics(state: State, request: web.Request) -> web.StreamResponse:

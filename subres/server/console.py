@@ -2,10 +2,12 @@
 
 Over a WebSocket in any channel dialect, or SPDY remote-command. `console`
 is the writer: one per machine, a newer one takes over. `console-observe`
-is an observer: read-only, any number, authorized as its own subresource so
-that RBAC can grant watching without typing; observers stay attached while
-writers come and go. Both accept `?tail=N` (lines of a kept console's
-scrollback to replay first). The console's owner (`sessions.members`) holds
+is an observer: read-only, authorized as its own subresource so that RBAC
+can grant watching without typing, at most `session.maxObserversPerConsole`
+per console and `session.maxObservers` per replica (429 beyond:
+`sessions.sharing`); observers stay attached while writers come and go.
+Both accept `?tail=N` (lines of a kept console's scrollback to replay
+first). The console's owner (`sessions.members`) holds
 the writer's slot, the observers and the kept connection; when that is
 another replica, this one relays to it (`sessions.peer`).
 """
@@ -18,7 +20,7 @@ from subres.backends.peer import PeerStream
 from subres.engine.stream import ByteStream
 from subres.kube import status
 from subres.kube.status import StatusError
-from subres.protocol import httpstream
+from subres.protocol import digits, httpstream
 from subres.server import handshake, remotecommand, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
@@ -36,6 +38,8 @@ SUBPROTOCOLS = (
     "base64.channel.k8s.io",
 )
 """Raw framing (no subprotocol or KubeVirt's) and the Kubernetes channel protocols."""
+MAX_TAIL = (1 << 31) - 1
+"""The most lines `?tail=` may ask for (more than any scrollback holds)."""
 _NOTHING_TO_TAIL = (
     "the console of {} is not kept, so it has no scrollback: tail is ignored "
     "(a console is kept when its parent opts in, e.g. subres.dev/keep-console)"
@@ -132,6 +136,9 @@ def _tail(request: web.Request) -> int | None:
     text = request.query.get("tail")
     if text is None:
         return None
-    if not text.isascii() or not text.isdigit():
-        raise StatusError(400, f"tail must be a number of lines, not {text!r}")
-    return int(text)
+    if not digits.plain(text):
+        raise StatusError(400, f"tail must be a number of lines, not {text[:64]!r}")
+    lines = digits.value(text, cap=MAX_TAIL)
+    if lines > MAX_TAIL:
+        raise StatusError(400, f"tail must be at most {MAX_TAIL} lines")
+    return lines

@@ -22,7 +22,7 @@ from aiohttp import web
 from subres.engine.portforward_ws import ChannelMux, PortChannel, RawWebSocket
 from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.kube.status import StatusError
-from subres.protocol import channels
+from subres.protocol import channels, digits
 from subres.protocol import portforward_ws as wire
 from subres.server import handshake, limited, subresource
 from subres.server.middleware import who
@@ -154,6 +154,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
 
 
 def _path_port(text: str) -> int:
-    if text.isascii() and text.isdigit() and 0 < int(text) <= 0xFFFF:
-        return int(text)
+    port = digits.value(text, cap=0xFFFF) if digits.plain(text) else 0
+    if 0 < port <= 0xFFFF:
+        return port
     raise StatusError(400, f"invalid port {text!r}: want a number from 1 to 65535")

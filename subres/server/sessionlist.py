@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from subres.auth import attributes
 from subres.kube.status import StatusError
 from subres.server import fanout, subresource
 from subres.server.state import State
@@ -63,7 +64,11 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
 async def for_namespace(state: State, request: web.Request) -> web.Response:
     """The live sessions in one namespace, or in all of them."""
     namespace = request.match_info.get("namespace")
-    if request.query.get("watch", "false").lower() not in ("false", "0"):
+    watch = attributes.parse_bool(request.query.get("watch", "false"))
+    if watch is None:
+        text = request.query["watch"][:64]
+        raise StatusError(400, f"watch must be true or false, not {text!r}")
+    if watch:
         raise StatusError(405, "sessions cannot be watched; list them again instead")
     items, failed = await _items(state, Selector(namespace or ""))
     return _answer(state, request, items, failed)

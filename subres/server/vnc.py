@@ -7,9 +7,12 @@ console is (`streaming`): one per machine, a new one takes over, unless it
 asks `?preserveSession=true`, which is refused with 409 while another is
 live. The display's owner (`sessions.members`) holds the viewer's slot and
 dials; when that is another replica, this one relays to it (`sessions.peer`).
-`vnc-observe` is a view-only viewer: any number, its input dropped,
-authorized as its own subresource, untouched by takeovers and not counted by
-`preserveSession`.
+`vnc-observe` is a view-only viewer: its input dropped, authorized as its
+own subresource, untouched by takeovers and not counted by
+`preserveSession`; counted as an observer (`sessions.sharing.watching`: 429
+past `session.maxObserversPerConsole` per display or `session.maxObservers`).
+`vnc-moderate` is a view-only viewer who moderates: a moderated viewer waits
+for one (`sessions.moderation`).
 """
 
 from __future__ import annotations

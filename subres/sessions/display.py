@@ -65,6 +65,7 @@ class DisplayRecorder:
         rate: float,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        quota: Callable[[int], str] | None = None,
     ) -> None:
         self.first = path
         self.failure = ""
@@ -87,6 +88,10 @@ class DisplayRecorder:
         self._since_key = 0
         """Bytes of the blocks sealed after it."""
         self._cost = 0.0
+        self._quota = quota
+        """Asked before each block is kept: "" yes, or why not (its namespace is full)."""
+        self._lost = 0
+        self._lost_why = ""
         self._stream: ByteStream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -163,7 +168,7 @@ class DisplayRecorder:
     def _changes(self, changed: Changed) -> None:
         width, height = self._client.size
         whole = any(w == width and h == height for _, _, w, h in changed.rects)
-        if whole or self._since_key >= KEY_RATIO * self._key_bytes > 0:
+        if whole or self._lost or self._since_key >= KEY_RATIO * self._key_bytes > 0:
             self._key()
             return
         now = self._now()
@@ -212,9 +217,21 @@ class DisplayRecorder:
 
     def _store(self, blocks: list[tuple[Path, bytes]]) -> None:
         for path, block in blocks:
+            key = displayrec.head(block[: displayrec.HEAD.size])[0]
+            why = self._quota(len(block)) if self._quota is not None else ""
+            if why or (self._lost and not key):
+                # A delta after a lost block would draw on what is not there: drop them all
+                # until a key frame is kept again.
+                self._lost += len(block)
+                self._lost_why = why or self._lost_why
+                self._key_bytes = 0  # the next update is a key frame
+                continue
+            if self._lost:
+                self.marker(f"{self._lost} bytes of the display lost: {self._lost_why}")
+                self._lost = 0
             if path == self._path:
                 self._in_part += len(block)
-            if displayrec.head(block[: displayrec.HEAD.size])[0]:
+            if key:
                 self._key_bytes, self._since_key = len(block), 0
             else:
                 self._since_key += len(block)

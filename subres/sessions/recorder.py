@@ -4,6 +4,8 @@ The hub calls it synchronously for every chunk, resize and marker; the lines
 wait in memory until `drain` hands them to whoever writes files, so a slow
 disk never holds a session back. What waits is bounded (`max_pending`): past
 it output is dropped, and a marker says how much once writing catches up.
+Output the recording's `quota` refuses (its namespace's space is full) is
+dropped the same way, the marker saying why.
 A recording longer than `max_file` goes on in a new file (part 2, 3, …),
 each with its own header, so every file plays on its own.
 """
@@ -41,6 +43,7 @@ class Recorder:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_close: Callable[[Recorder], None] = lambda _: None,
+        quota: Callable[[int], str] | None = None,
     ) -> None:
         self.first = path
         self.path = path
@@ -57,6 +60,9 @@ class Recorder:
         self._in_part = 0
         self._waiting = 0
         self._lost = 0
+        self._lost_why = ""
+        self._quota = quota
+        """Asked before each output line is kept: "" yes, or why not."""
         self._pending: list[tuple[Path, bytearray]] = [(path, bytearray())]
         self._encoder = self._start()
 
@@ -90,8 +96,12 @@ class Recorder:
     def output(self, data: bytes) -> None:
         """Console output."""
         line = self._roll().output(self._clock(), data)
-        if self._waiting + len(line) > self._max_pending:
+        why = "the disk was too slow" if self._waiting + len(line) > self._max_pending else ""
+        if not why and self._quota is not None:
+            why = self._quota(len(line))
+        if why:
             self._lost += len(data)
+            self._lost_why = why
             return
         self._add(line)
 
@@ -114,7 +124,7 @@ class Recorder:
         """What to append to which file now, in order."""
         if self._lost:
             lost, self._lost = self._lost, 0
-            self.marker(f"{lost} bytes of output lost: the disk was too slow")
+            self.marker(f"{lost} bytes of output lost: {self._lost_why}")
         writes = [(path, bytes(data)) for path, data in self._pending if data]
         self._pending = [(self.path, bytearray())]
         self._waiting = 0

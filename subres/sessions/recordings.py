@@ -1,4 +1,4 @@
-"""Recorded sessions: files in one directory, written by one task, capped, rotated, failing closed.
+"""Recorded sessions: files per object, written by one task, capped per namespace, failing closed.
 
 A console or display is recorded when `consoles.recordings.directory` is set
 and its parent opts in (`record: always`, `required`, or `annotated` and the
@@ -12,29 +12,40 @@ so (`BANNER`, first on a console's stdout).
 A session joins the recording before its upgrade (`join`): the first one
 starts it, which opens its file and writes its header, so that a recording
 that cannot start is still an HTTP `Status`. With `record: required` that is
-a 503, and once live, a recording that stops being writable (a full disk,
-its directory removed or unmounted) ends every session in it with close
-code 4003 and the reason (`Seat.bind`). Other recordings go on unrecorded
-and say so in the log.
+a 503, and once live, a recording that stops being writable (a full disk or
+namespace, its folder removed or its volume unmounted) ends every session
+in it with close code 4003 and the reason (`Seat.bind`). Other recordings go
+on unrecorded and say so in the log.
 
-Files are `DIR/NAMESPACE/NAME/STAMP-ID.cast` (consoles, asciicast v2) and
-`…-ID.display` (displays, `protocol.displayrec`); one larger than
-`maxFileBytes` goes on in `…-ID.2.cast` and so on, each part playable on its
-own. One task writes them all, every `FLUSH_INTERVAL`, in a worker thread
-(a slow disk holds no session back), whole batches at a time
-(`recordfile.AppendOnly`): after a SIGKILL a recording holds everything up
-to its last flush and no half-written line or block; a torn tail the kill
-left inside a `write` is cut when a replica starts (`start`). When all
-recordings together pass `maxTotalBytes`, the oldest finished files are
-deleted. Who may read them is RBAC's business: `recordinglist` serves them.
+Files live per object (`recordfiles`: namespace, resource, name, uid); one
+larger than `maxFileBytes` goes on in a next part, each playable on its own.
+One task writes them all, every `FLUSH_INTERVAL`, in a worker thread (a slow
+disk holds no session back), whole batches at a time (`recordfile`): after a
+SIGKILL a recording holds everything up to its last flush and no
+half-written line or block; a torn tail a kill left inside a `write` is cut
+when a replica starts (`start`). Space is shared fairly and no namespace can
+take another's:
+
+- each namespace's recordings together stay under `maxNamespaceBytes`:
+  past `LOW_WATER` of it, that namespace's own oldest finished recordings
+  are deleted, never another namespace's; at the cap its output is dropped
+  (a marker counts it; a required recording fails) and its recorded
+  consoles and displays refuse new sessions (503, `recorded.check`);
+- recordings of consoles and displays recorded `always` or `required` are an
+  audit: only `maxAge` deletes them (every finished recording older than it
+  goes), never the need for room;
+- `maxTotalBytes` bounds the directory as a whole and deletes nothing:
+  past it nothing more is recorded until space frees.
+
+Who may read them is RBAC's business: `server.recordinglist` serves them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -47,27 +58,37 @@ from subres.engine.websocket import CloseCode
 from subres.sessions.display import complete_blocks
 from subres.sessions.hub import Closer
 from subres.sessions.recordfile import AppendOnly, complete_lines, identity, repair
+from subres.sessions.recordfiles import AUDIT, Folder, RecordingFile, Store
 from subres.sessions.registry import SessionKey
 
 __all__ = [
     "BANNER",
-    "FILE_NAME",
+    "LOW_WATER",
+    "Quota",
     "Recording",
     "RecordingUnavailable",
     "Recordings",
     "Seat",
+    "doomed",
 ]
 
 log = logging.getLogger(__name__)
 
 BANNER = b"\r\n[subres: this console session is recorded]\r\n"
-FILE_NAME = re.compile(r"\A\d{8}T\d{6}Z-[0-9a-f]{8}(\.\d+)?\.(cast|display)\Z")
-"""What a recording's file name looks like; nothing else is ever opened."""
 SUFFIXES = {"console": ".cast", "vnc": ".display"}
 FLUSH_INTERVAL = 0.5
 """Seconds recorded output may wait in memory before it is written."""
 PRUNE_INTERVAL = 60.0
-"""Seconds between checks of the total size while recordings only grow."""
+"""Seconds between scans of the directory (ages, sizes, other replicas' files)."""
+LOW_WATER = 0.9
+"""Share of a namespace's cap past which its oldest deletable recordings go."""
+QUIET = 30.0
+"""Seconds a file must have been left unwritten before it may be deleted (another
+replica, sharing the directory, may still be writing it)."""
+
+Usage = collections.Counter[str]
+Quota = Callable[[int], str]
+"""Asked before bytes are kept: "" when they may be (and they are counted), or why not."""
 
 
 class Recording(Protocol):
@@ -75,7 +96,7 @@ class Recording(Protocol):
 
     @property
     def path(self) -> Path:
-        """The file (part) being written now."""
+        """The file (part) being written now (its name: the folder is the recording's)."""
 
     @property
     def failure(self) -> str:
@@ -92,9 +113,9 @@ class Recording(Protocol):
         lets it go."""
 
 
-Start = Callable[[Path], Awaitable[Recording]]
-"""Makes and starts the recording that writes `path` (a console's `Recorder` joined to its hub,
-a display's own connection)."""
+Start = Callable[[Path, Quota], Awaitable[Recording]]
+"""Makes and starts the recording that writes the file named `path`, its output asked of
+`quota` (a console's `Recorder` joined to its hub, a display's own connection)."""
 
 
 class RecordingUnavailable(Exception):
@@ -106,15 +127,21 @@ class _Live:
     """One recording in progress, the sessions in it, and its open file."""
 
     key: SessionKey
-    recording: Recording
+    where: Folder
     what: str
     """`Machine default/vm1 console`."""
     required: bool
+    recording: Recording | None = None
     seats: set[Seat] = field(default_factory=set)
     file: AppendOnly | None = None
     failure: str = ""
     """Why it can no longer be written, once it cannot."""
     ended: bool = False
+
+    @property
+    def started(self) -> Recording:
+        assert self.recording is not None
+        return self.recording
 
 
 class Seat:
@@ -143,25 +170,33 @@ class Seat:
 
 
 class Recordings:
-    """Every recording of this replica, and the task that writes them."""
+    """Every recording of this replica, the task that writes them, and the space they take."""
 
-    def __init__(self, spec: ConsolesSpec) -> None:
+    def __init__(self, spec: ConsolesSpec, *, clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
-        self.directory = Path(spec.recordings) if spec.recordings else None
+        self.store = Store(Path(spec.recordings)) if spec.recordings else None
+        self._clock = clock
         self._live: dict[SessionKey, _Live] = {}
         self._writing: list[_Live] = []
         self._starting: dict[SessionKey, tuple[asyncio.Lock, int]] = {}
+        self._usage: Usage = collections.Counter()
+        """Bytes per namespace: on disk at the last scan, and kept since."""
+        self._full: set[str] = set()
+        """Namespaces with no room: at their cap, or with audits alone past `LOW_WATER` (no
+        deletion can make room there)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._repairing: asyncio.Task[None] | None = None
-        self._pruned = 0.0
-        self._root_id: tuple[int, int] | None = None
+        self._scanned = 0.0
+        self._crowded = False
+        self._legacy_checked = False
         self._stopping = False
+        self._root: tuple[int, int] | None = None
         """The directory's identity at start: another one later is an unmounted volume."""
 
     def wanted(self, spec: SubresourceSpec, obj: Mapping[str, Any]) -> bool:
         """Whether sessions of this console or display are recorded."""
-        if self.directory is None or spec.name not in SUFFIXES:
+        if self.store is None or spec.name not in SUFFIXES:
             return False
         mode = "always" if spec.record == "required" else spec.record
         annotation = (
@@ -171,8 +206,30 @@ class Recordings:
         )
         return spec.opted_in(mode, obj, annotation)
 
+    def full(self, namespace: str) -> str:
+        """Why a recording in `namespace` cannot be kept now ("" when it can)."""
+        if namespace in self._full:
+            return (
+                f"the recordings of namespace {namespace} fill their "
+                f"{_amount(self.spec.max_namespace_bytes)} (consoles.recordings.maxNamespaceBytes)"
+            )
+        if self._usage.total() >= self.spec.max_recordings_bytes:
+            return (
+                f"the recordings fill their {_amount(self.spec.max_recordings_bytes)} "
+                "(consoles.recordings.maxTotalBytes)"
+            )
+        return ""
+
     async def join(
-        self, key: SessionKey, *, start: Start, who: str, what: str, required: bool
+        self,
+        key: SessionKey,
+        *,
+        where: Folder,
+        audit: bool,
+        start: Start,
+        who: str,
+        what: str,
+        required: bool,
     ) -> Seat | None:
         """A session joins `key`'s recording, which starts if it is the first.
 
@@ -186,7 +243,8 @@ class Recordings:
             async with lock:
                 live = self._live.get(key)
                 if live is None or (live.failure and required):
-                    live = await self._begin(key, start=start, what=what, required=required)
+                    live = _Live(key, where, what, required)
+                    live = await self._begin(live, start=start, audit=audit)
         finally:
             lock, waiting = self._starting[key]
             if waiting == 1:
@@ -197,69 +255,90 @@ class Recordings:
             return None
         seat = Seat(self, live, who)
         live.seats.add(seat)
-        live.recording.marker(f"{who} attached")
+        live.started.marker(f"{who} attached")
         return seat
 
-    async def _begin(
-        self, key: SessionKey, *, start: Start, what: str, required: bool
-    ) -> _Live | None:
-        assert self.directory is not None
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        name = f"{stamp}-{secrets.token_hex(4)}{SUFFIXES[key.subresource]}"
-        path = self.directory / key.namespace / key.name / name
+    async def _begin(self, live: _Live, *, start: Start, audit: bool) -> _Live | None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        name = f"{stamp}-{secrets.token_hex(4)}{AUDIT if audit else ''}"
         try:
-            recording = await start(path)
+            live.recording = await start(
+                Path(name + SUFFIXES[live.key.subresource]), self._quota(live)
+            )
         except (OSError, RecordingUnavailable) as exc:
-            self._unavailable(what, str(exc), required=required)
+            self._unavailable(live, str(exc))
             return None
-        live = _Live(key, recording, what, required)
         try:
             live.file = await asyncio.to_thread(self._open, live)
         except OSError as exc:
-            recording.close()
-            self._unavailable(what, _why(exc), required=required)
+            live.recording.close()
+            self._unavailable(live, _why(exc))
             return None
-        self._live[key] = live
+        self._live[live.key] = live
         self._writing.append(live)
         self._run()
         return live
 
-    def _unavailable(self, what: str, why: str, *, required: bool) -> None:
-        if required:
+    def _unavailable(self, live: _Live, why: str) -> None:
+        if live.required:
             raise RecordingUnavailable(
-                f"{what} is served only while recorded (record: required), "
+                f"{live.what} is served only while recorded (record: required), "
                 f"and its recording cannot start: {why}"
             )
-        log.error("the recording of %s cannot start: %s; going on unrecorded", what, why)
+        log.error("the recording of %s cannot start: %s; going on unrecorded", live.what, why)
 
     def _open(self, live: _Live) -> AppendOnly:
         """Open the first file and write its header (a worker thread)."""
-        assert self.directory is not None
-        file = AppendOnly(live.recording.path, root=self.directory, root_id=self._root_id)
+        assert self.store is not None
+        file = AppendOnly(self.store, live.where, live.started.path.name, root=self._root)
         try:
-            for _, data in live.recording.drain():
+            for _, data in live.started.drain():
                 file.append(data)
         except OSError:
             file.close()
             raise
         return file
 
+    def _quota(self, live: _Live) -> Quota:
+        """Whether so many bytes of `live` may be kept (counting them if so); a required
+        recording that may not keep them fails."""
+        namespace = live.where.namespace
+
+        def admit(size: int) -> str:
+            if self._usage[namespace] + size > self.spec.max_namespace_bytes * LOW_WATER:
+                self._crowded = True  # the writer deletes what it may
+                self._wake.set()
+            why = ""
+            if self._usage[namespace] + size > self.spec.max_namespace_bytes:
+                self._full.add(namespace)
+                why = f"the recordings of namespace {namespace} are full"
+            elif self._usage.total() + size > self.spec.max_recordings_bytes:
+                why = "the recordings directory is full"
+            if why:
+                if live.required and not live.failure:
+                    self._failed(live, why)
+                return why
+            self._usage[namespace] += size
+            return ""
+
+        return admit
+
     def note(self, key: SessionKey, text: str) -> None:
         """A note in `key`'s recording, if it is being recorded (who moderates)."""
         live = self._live.get(key)
         if live is not None:
-            live.recording.marker(text)
+            live.started.marker(text)
 
     def marker(self, seat: Seat, text: str) -> None:
         """A note in `seat`'s recording (a takeover)."""
-        seat._live.recording.marker(text)
+        seat._live.started.marker(text)
 
     def left(self, live: _Live, seat: Seat) -> None:
         """`seat`'s session ended; the recording ends with the last one."""
         if seat not in live.seats:
             return
         live.seats.discard(seat)
-        live.recording.marker(f"{seat.who} left")
+        live.started.marker(f"{seat.who} left")
         if not live.seats:
             self._end(live)
 
@@ -267,7 +346,7 @@ class Recordings:
         if live.ended:
             return
         live.ended = True
-        live.recording.close()
+        live.started.close()
         if self._live.get(live.key) is live:
             del self._live[live.key]
         self._wake.set()
@@ -278,13 +357,14 @@ class Recordings:
 
     async def start(self) -> None:
         """Make the directory; cut the torn tails a killed replica left (in the background)."""
-        if self.directory is None:
+        if self.store is None:
             return
+        root = self.store.root
         try:
-            await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
-            self._root_id = identity(self.directory)
+            await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+            self._root = identity(root)
         except OSError as exc:
-            log.error("cannot make the recordings directory %s: %s", self.directory, exc)
+            log.error("cannot make the recordings directory %s: %s", root, exc)
             return
         self._repairing = asyncio.create_task(
             asyncio.to_thread(self._repair_all), name="recordings repair"
@@ -313,27 +393,23 @@ class Recordings:
                     async with asyncio.timeout(FLUSH_INTERVAL):
                         await self._wake.wait()
             self._wake.clear()
-            parts = [live.recording.path for live in self._writing]
-            ended = any(live.ended for live in self._writing)
-            due = time.monotonic() - self._pruned > PRUNE_INTERVAL
-            await self._flush_now(prune=ended or due or stopping, parts=parts)
+            due = self._crowded or time.monotonic() - self._scanned > PRUNE_INTERVAL
+            if due or stopping:
+                self._crowded, self._scanned = False, time.monotonic()
+            await self._flush_now(prune=due or stopping)
             if stopping:
                 return
 
-    async def _flush_now(self, *, prune: bool, parts: list[Path] | None = None) -> None:
-        jobs = [(live, live.recording.drain()) for live in self._writing]
-        # A finished file (a recording ended, or a part filled up) may put the total over.
-        rolled = parts is not None and [live.recording.path for live in self._writing] != parts
-        if prune or rolled:
-            self._pruned = time.monotonic()
+    async def _flush_now(self, *, prune: bool) -> None:
+        jobs = [(live, live.started.drain()) for live in self._writing]
         done = [live for live in self._writing if live.ended]
         self._writing = [live for live in self._writing if not live.ended]
-        open_files = {live.recording.path for live in self._writing}
-        failures = await asyncio.to_thread(
-            self._flush, jobs, done, prune=(prune or rolled) and self.directory is not None,
-            open_files=open_files,
-        )  # fmt: skip
-        failures += [(live, live.recording.failure) for live in self._writing]
+        busy = {(live.where, live.started.path.name) for live in self._writing}
+        failures, scanned = await asyncio.to_thread(
+            self._flush, jobs, done, prune=prune and self.store is not None, busy=busy
+        )
+        self._took(scanned)
+        failures += [(live, live.started.failure) for live in self._writing]
         for live, reason in failures:
             if reason and not live.failure:
                 self._failed(live, reason)
@@ -344,9 +420,10 @@ class Recordings:
         done: list[_Live],
         *,
         prune: bool,
-        open_files: set[Path],
-    ) -> list[tuple[_Live, str]]:
-        """Append to the files (a worker thread); then delete the oldest past the cap."""
+        busy: set[tuple[Folder, str]],
+    ) -> tuple[list[tuple[_Live, str]], tuple[Usage, Usage] | None]:
+        """Append to the files (a worker thread); then, when asked, delete what must go and
+        count what stays: all, and audits."""
         failures = []
         for live, writes in jobs:
             try:
@@ -357,75 +434,111 @@ class Recordings:
             if live.file is not None:
                 live.file.close()
                 live.file = None
-        if prune:
-            self._prune(open_files=open_files)
-        return failures
+        return failures, self._prune(busy) if prune else None
 
     def _append(self, live: _Live, writes: list[tuple[Path, bytes]]) -> None:
-        assert self.directory is not None
+        assert self.store is not None
         if live.failure and live.required:
             return
         for path, data in writes:
-            if live.file is None or live.file.path != path:
+            if live.file is None or live.file.name != path.name:
                 if live.file is not None:
                     live.file.close()
                 live.file = None
-                live.file = AppendOnly(path, root=self.directory, root_id=self._root_id)
+                live.file = AppendOnly(self.store, live.where, path.name, root=self._root)
             live.file.append(data)
 
     def _failed(self, live: _Live, why: str) -> None:
         first = not live.failure
         live.failure = f"the recording failed ({why}); record: required"
-        path = live.recording.path
+        where = "/".join(live.where.parts)
         if not live.required:
             if first:
                 log.error(
-                    "recording %s of %s failed: %s; what it misses is lost", path, live.what, why
+                    "recording %s of %s failed: %s; what it misses is lost", where, live.what, why
                 )
             return
         log.error(
             "recording %s of %s failed: %s; ending its sessions (record: required)",
-            path,
+            where,
             live.what,
             why,
         )
         for seat in list(live.seats):
             seat.fail(live.failure)
 
-    def _prune(self, *, open_files: set[Path]) -> None:
-        assert self.directory is not None
-        files = []
-        for path in self.directory.glob("*/*/*"):
-            if not FILE_NAME.match(path.name):
-                continue
+    def _took(self, scanned: tuple[Usage, Usage] | None) -> None:
+        """What the disk held after a scan and the deletions it allowed: all, and audits."""
+        if scanned is None:
+            return
+        self._usage, audits = scanned
+        cap = self.spec.max_namespace_bytes
+        self._full = {ns for ns, size in self._usage.items() if size >= cap}
+        self._full |= {ns for ns, size in audits.items() if size >= cap * LOW_WATER}
+
+    def _prune(self, busy: set[tuple[Folder, str]]) -> tuple[Usage, Usage]:
+        """Delete what must go, count what stays (a worker thread)."""
+        assert self.store is not None
+        files = self.store.scan()
+        if not self._legacy_checked and (legacy := self.store.legacy()):
+            log.warning(
+                "%d recordings in the first layout (DIR/NAMESPACE/NAME) are not served: "
+                "nothing says which kind of object they belong to",
+                legacy,
+            )
+        self._legacy_checked = True
+        for file in doomed(files, spec=self.spec, now=self._clock(), busy=busy):
             try:
-                info = path.stat()
-            except OSError:
-                continue
-            files.append((info.st_mtime, info.st_size, path))
-        total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
-            if total <= self.spec.max_recordings_bytes:
-                break
-            if path in open_files:
-                continue
-            try:
-                path.unlink()
+                self.store.delete(file)
+                files.remove(file)
+                log.info("deleted recording %s/%s", "/".join(file.folder.parts), file.name)
             except OSError as exc:
-                log.error("cannot delete old recording %s: %s", path, exc)
-                continue
-            log.info("deleted old recording %s (recordings over their cap)", path)
-            total -= size
+                log.error("cannot delete recording %s: %s", file.name, exc)
+        usage: Usage = collections.Counter()
+        audits: Usage = collections.Counter()
+        for file in files:
+            usage[file.folder.namespace] += file.size
+            if file.audit:
+                audits[file.folder.namespace] += file.size
+        return usage, audits
 
     def _repair_all(self) -> None:
-        assert self.directory is not None
-        for path in self.directory.glob("*/*/*"):
-            if FILE_NAME.match(path.name):
-                repair(path, complete=_complete(path))
+        assert self.store is not None
+        for file in self.store.scan():
+            repair(self.store, file, complete=_complete(file))
 
 
-def _complete(path: Path) -> Callable[[BinaryIO, int], int]:
-    return complete_blocks if path.suffix == ".display" else complete_lines
+def doomed(
+    files: list[RecordingFile], *, spec: ConsolesSpec, now: float, busy: set[tuple[Folder, str]]
+) -> list[RecordingFile]:
+    """The files to delete: any past `maxAge`; and in each namespace past `LOW_WATER` of its
+    cap, its oldest that are not an audit, until it is under again. Files being written (here,
+    or lately by another replica) stay."""
+    idle = [f for f in files if (f.folder, f.name) not in busy and now - f.mtime > QUIET]
+    old = {id(f) for f in idle if spec.max_age and now - f.mtime > spec.max_age}
+    doomed = [f for f in idle if id(f) in old]
+    sizes: Usage = collections.Counter()
+    for file in files:
+        if id(file) not in old:
+            sizes[file.folder.namespace] += file.size
+    limit = spec.max_namespace_bytes * LOW_WATER
+    for file in sorted(idle, key=lambda f: f.mtime):
+        namespace = file.folder.namespace
+        if id(file) not in old and not file.audit and sizes[namespace] > limit:
+            doomed.append(file)
+            sizes[namespace] -= file.size
+    return doomed
+
+
+def _complete(file: RecordingFile) -> Callable[[BinaryIO, int], int]:
+    return complete_blocks if file.name.endswith(".display") else complete_lines
+
+
+def _amount(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} bytes"
 
 
 def _why(exc: OSError) -> str:

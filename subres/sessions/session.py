@@ -47,11 +47,11 @@ from typing import Any, cast
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
 from subres.policies import Limits
-from subres.sessions import events, limits, recordings
+from subres.sessions import events, limits, recorded, recordings
 from subres.sessions.display import DisplayRecorder, DisplayUnavailable
 from subres.sessions.limits import Watch, rbac_name
 from subres.sessions.recorder import Recorder
-from subres.sessions.recordings import Recording, RecordingUnavailable, Seat
+from subres.sessions.recordings import Quota, Recording, RecordingUnavailable, Seat
 from subres.sessions.registry import Busy, Claim, Closable
 from subres.sessions.runtime import Runtime, Who
 from subres.sessions.target import Target, endpoint_url, key
@@ -335,6 +335,8 @@ class Hold:
         try:
             seat = await recordings.join(
                 key(target),
+                where=recorded.folder(target),
+                audit=target.spec.record in ("always", "required"),
                 start=self._start,
                 who=f"{self.user} ({self.mode}{f', via {self.via}' if self.via else ''})",
                 what=f"{target.describe()} {target.spec.name}",
@@ -346,13 +348,13 @@ class Hold:
             recordings.marker(seat, f"{self.user} took over from {self.claim.took_over}")
         return seat
 
-    async def _start(self, path: Path) -> Recording:
+    async def _start(self, path: Path, quota: Quota) -> Recording:
         """The recording of the console or display."""
         if self.target.spec.name == "vnc":
-            return await self._start_display(path)
-        return self._start_console(path)
+            return await self._start_display(path, quota)
+        return self._start_console(path, quota)
 
-    async def _start_display(self, path: Path) -> Recording:
+    async def _start_display(self, path: Path, quota: Quota) -> Recording:
         """A display's recording: its own view-only connection (`sessions.display`)."""
         target, config = self.target, self.state.config
         recorder = DisplayRecorder(
@@ -360,6 +362,7 @@ class Hold:
             title=f"{target.describe()} vnc",
             max_file=config.consoles.max_recording_bytes,
             rate=config.consoles.display_rate,
+            quota=quota,
         )
         try:
             stream = await self.state.backends.connect(target, endpoint_url(target))
@@ -372,7 +375,7 @@ class Hold:
             raise RecordingUnavailable(str(exc)) from None
         return recorder
 
-    def _start_console(self, path: Path) -> Recording:
+    def _start_console(self, path: Path, quota: Quota) -> Recording:
         """A console's recording: a sink of its hub (what a kept console replays first)."""
         target = self.target
         hub = self.state.sessions.hub(
@@ -384,6 +387,7 @@ class Hold:
             max_file=self.state.config.consoles.max_recording_bytes,
             size=hub.size,
             on_close=hub.remove_sink,
+            quota=quota,
         )
         hub.add_sink(recorder)
         if hub.scrollback is not None:

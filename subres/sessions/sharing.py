@@ -1,10 +1,18 @@
-"""Which byte stream a console session pumps on the replica that owns the console.
+"""Which byte stream a console or display session pumps on the replica that owns it.
 
 A writer dials the machine's console, and its output also goes to the
 console's hub (`sessions.hub.Tee`), where observers read it; a kept console's
 writer dials nothing and uses the kept connection (`sessions.hub.KeptPort`).
 An observer dials nothing: it reads the hub (`sessions.hub.Feed`), and what it
-types is dropped.
+types is dropped. A display's viewer dials the display through the viewer
+guard (`sessions.viewer`).
+
+Every observer, of a console or a display, first takes a place among the
+observers this replica serves (`watching`), before anything is attached or
+dialed: 429 when its console or display already has
+`session.maxObserversPerConsole` of them or the replica `session.maxObservers`.
+The place goes back when its backend is closed, which ends every session and
+every upgrade that failed. A moderator takes an observer's place too.
 
 A writer or a display's interactive viewer that a moderation policy selects
 is wrapped in `moderation.Moderated` (`moderated`); a moderator's share, a
@@ -17,14 +25,17 @@ from __future__ import annotations
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.policies import Moderation
+from subres.sessions import recorded
 from subres.sessions.hub import Feed, Hub, KeptPort, Tee
 from subres.sessions.moderation import Gate, Moderated, Moderating
+from subres.sessions.observers import Slot, TooManyObservers
 from subres.sessions.runtime import Runtime, Who
 from subres.sessions.session import MODERATOR, OBSERVER, VIEWER
 from subres.sessions.target import Target, endpoint_url, key
 from subres.sessions.viewer import GuardedDisplay
 
 __all__ = [
+    "RETRY_AFTER",
     "console",
     "display",
     "gate",
@@ -35,8 +46,12 @@ __all__ = [
     "moderated",
     "moderators",
     "observe",
+    "watching",
     "write",
 ]
+
+RETRY_AFTER = 5
+"""Seconds an observer refused for want of a place is told to wait."""
 
 
 async def console(
@@ -54,11 +69,20 @@ async def console(
 
 async def display(state: Runtime, target: Target, who: Who, *, mode: str) -> ByteStream:
     """The backend of a display session of `mode` on the display's owner: a connection of
-    its own, guarded (view-only but for the interactive viewer)."""
+    its own, guarded (view-only but for the interactive viewer, which alone takes no
+    observer's place)."""
     if mode == MODERATOR:
         may_moderate(state, target, who)
-    connection = await state.backends.connect(target, endpoint_url(target))
-    guarded = GuardedDisplay(connection, view_only=mode != VIEWER)
+    recorded.check(state, target)  # a recording that cannot be kept: 503, before anything
+    view_only = mode != VIEWER
+    place = watching(state, target) if view_only else None
+    try:
+        connection = await state.backends.connect(target, endpoint_url(target))
+    except BaseException:
+        if place is not None:
+            place.release()
+        raise
+    guarded = GuardedDisplay(connection, view_only=view_only, place=place)
     if mode == MODERATOR:
         return moderate(state, target, guarded, who)
     return moderated(state, target, guarded, who) if mode == VIEWER else guarded
@@ -66,6 +90,7 @@ async def display(state: Runtime, target: Target, who: Who, *, mode: str) -> Byt
 
 async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -> ByteStream:
     """The writer's backend: the kept connection, or one dialed (before any upgrade)."""
+    recorded.check(state, target)  # a recording that cannot be kept: 503, before anything
     kept = state.sessions.hubs.get(key(target))
     if kept is not None and kept.keeper is not None:
         if kept.keeper.backend is None:
@@ -78,8 +103,27 @@ async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -
 
 
 def observe(state: Runtime, target: Target, *, tail: int | None) -> Feed:
-    """An observer's share of the console."""
-    return hub(state, target).attach(tail=tail)
+    """An observer's share of the console, its place taken (429 when there is none)."""
+    recorded.check(state, target)
+    place = watching(state, target)
+    feed = hub(state, target).attach(tail=tail)
+    feed.closed_by(place.release)
+    return feed
+
+
+def watching(state: Runtime, target: Target) -> Slot:
+    """An observer's place among `target`'s (before anything is dialed or attached)."""
+    try:
+        return state.observers.take(
+            key(target), what=f"the {target.spec.name} of {target.describe()}"
+        )
+    except TooManyObservers as exc:
+        raise StatusError(
+            429,
+            f"{exc}; try again later",
+            details={"retryAfterSeconds": RETRY_AFTER},
+            headers=[("Retry-After", str(RETRY_AFTER))],
+        ) from None
 
 
 def keeps_scrollback(state: Runtime, target: Target) -> bool:

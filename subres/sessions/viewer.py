@@ -20,6 +20,7 @@ from subres.engine.stream import ByteStream
 from subres.engine.websocket import CloseCode
 from subres.protocol.rfbguard import ViewerGuard, ViewerRefused
 from subres.sessions.hub import Closer
+from subres.sessions.observers import Slot
 
 __all__ = ["GuardedDisplay", "InputWatch"]
 
@@ -29,13 +30,15 @@ log = logging.getLogger(__name__)
 class GuardedDisplay:
     """The display's `ByteStream` as one viewer may use it."""
 
-    __slots__ = ("_backend", "_closer", "_guard", "_refused")
+    __slots__ = ("_backend", "_closer", "_guard", "_place", "_refused")
 
-    def __init__(self, backend: ByteStream, *, view_only: bool) -> None:
+    def __init__(self, backend: ByteStream, *, view_only: bool, place: Slot | None = None) -> None:
         self._backend = backend
         self._guard = ViewerGuard(view_only=view_only)
         self._closer: Closer | None = None
         self._refused = False
+        self._place = place
+        """A view-only viewer's place among the observers, given back at `close`."""
 
     def attached(self, closer: Closer) -> None:
         """The viewer's session is live; `closer` ends it."""
@@ -68,7 +71,9 @@ class GuardedDisplay:
         await self._backend.write_eof()
 
     async def close(self) -> None:
-        """Close the server connection."""
+        """Close the server connection (and give the observer's place back)."""
+        if self._place is not None:
+            self._place.release()
         await self._backend.close()
 
 

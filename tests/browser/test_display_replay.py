@@ -80,7 +80,7 @@ async def test_the_qemu_vms_recorded_display_seeks_in_chromium(
             await read_until(shell, re.compile(rb"\r\ndrawn-2\r\n"))
         await wait_for(lambda: len(subres.server.state.sessions.live) == 1)  # the shell's
         await subres.server.state.recordings.stop()
-        (path,) = (tmp_path / "recordings" / "default" / "vm1").glob("*.display")
+        (path,) = (tmp_path / "recordings" / "default" / "machines" / "vm1").rglob("*.display")
         data = path.read_bytes()
         seen = pictures(data)
         moments, last = sorted(seen), seen[max(seen)]

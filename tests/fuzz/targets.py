@@ -29,25 +29,14 @@ from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
 from subres.protocol.spdy.headers import HeaderDecoder, HeaderEncoder
 from subres.protocol.spdy.limits import Limits as SpdyLimits
+from tests.fuzz import hostile
+from tests.fuzz.support import Provider, chunks
 
 __all__ = ["TARGETS"]
-
-Provider = Any
-"""`atheris.FuzzedDataProvider` (untyped)."""
 
 SPDY_LIMITS = SpdyLimits()
 RFB_LIMITS = rfb.Limits(max_pixels=64 * 64, max_text=4096, max_messages=64)
 """Small enough that a framebuffer costs the fuzzer nothing; the bounds are the point."""
-
-
-def _chunks(fdp: Provider, data: bytes) -> list[bytes]:
-    """`data` cut where the fuzzer says: a peer may send any split."""
-    pieces, pos = [], 0
-    while pos < len(data):
-        size = fdp.ConsumeIntInRange(1, max(1, len(data) - pos))
-        pieces.append(data[pos : pos + size])
-        pos += size
-    return pieces
 
 
 # -- SPDY ---------------------------------------------------------------------------------
@@ -100,7 +89,7 @@ def spdy(data: bytes) -> None:
         _forged_frame(fdp, encoder) if fdp.ConsumeBool() else fdp.ConsumeBytes(50)
         for _ in range(fdp.ConsumeIntInRange(0, 12))
     )
-    for chunk in _chunks(fdp, stream):
+    for chunk in chunks(fdp, stream):
         connection.receive_data(chunk)  # peer faults become events, never exceptions
         assert connection._parser.buffered <= SPDY_LIMITS.max_control_frame_length + 8
         if fdp.ConsumeBool():
@@ -220,7 +209,7 @@ def _vnc_server(fdp: Provider, *, smallest: int) -> list[bytes]:
         width, height = fdp.ConsumeIntInRange(smallest, 70), fdp.ConsumeIntInRange(smallest, 70)
         stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
     stream += fdp.ConsumeBytes(fdp.remaining_bytes())
-    return _chunks(fdp, stream) if stream else []
+    return chunks(fdp, stream) if stream else []
 
 
 def rfb_client(data: bytes) -> None:
@@ -370,5 +359,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "display-recording": display_recording,
     "endpoints": endpoints,
     "config": config_loader,
+    **hostile.TARGETS,
 }
 """Every target by the name `python -m tests.fuzz` takes."""

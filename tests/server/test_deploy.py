@@ -152,7 +152,8 @@ def test_the_agent_daemonset_mounts_one_narrow_socket_directory() -> None:
     [host] = [v["hostPath"]["path"] for v in daemonset["volumes"] if "hostPath" in v]
     assert host == "/run/subres-machines"
     [container] = daemonset["containers"]
-    assert f"--socket-dir={host}" in container["args"]
+    # Its sockets and their listeners must belong to the machines' runtime (root here).
+    assert f"--socket-dir={host}=0:0" in container["args"]
     assert {"name": "relay", "containerPort": 8444, "protocol": "TCP"} in container["ports"]
     secrets = {v["secret"]["secretName"] for v in daemonset["volumes"] if "secret" in v}
     assert secrets == {"subres-agent-tls"}

@@ -81,7 +81,7 @@ def replay(data: bytes) -> tuple[displayrec.Screen, list[displayrec.Record]]:
 
 
 def on_disk(tmp: Path) -> bytes:
-    files = sorted((tmp / "recordings" / "default" / "vm1").glob("*.display"))
+    files = sorted((tmp / "recordings" / "default" / "machines" / "vm1").rglob("*.display"))
     return files[-1].read_bytes() if files else b""
 
 

@@ -82,7 +82,7 @@ def fill(directory: Path) -> Path:
 def whole_lines(directory: Path) -> list[asciicast.Event]:
     """Every recording under `directory`, parsed whole: none ends inside a line."""
     seen = []
-    for path in directory.glob("*/*/*.cast"):
+    for path in directory.rglob("*.cast"):
         data = path.read_bytes()
         assert data.endswith(b"\n"), f"{path.name} ends inside a line"
         _, events = asciicast.read(data.splitlines())
@@ -132,7 +132,7 @@ async def test_a_removed_recording_directory_ends_the_session(
 ) -> None:
     async with subres.websocket(subres.url("vm1"), V5) as ws:
         await stdout_until(ws, BANNER)
-        shutil.rmtree(tmpfs / "default" / "vm1")
+        shutil.rmtree(tmpfs / "default" / "machines" / "vm1")
         await console.say(b"unseen\r\n")
         code, reason = await closed(ws)
     assert (code, reason) == (

@@ -79,7 +79,7 @@ async def test_a_recording_survives_sigkill_whole_and_up_to_the_last_second(
                 await server.proc.wait()
     finally:
         await backend.stop()
-    (path,) = directory.glob("default/vm1/*.cast")
+    (path,) = directory.glob("default/machines/vm1/*/*.cast")
     data = path.read_bytes()
     assert data.endswith(b"\n")
     _, events = asciicast.read(data.splitlines())
@@ -93,7 +93,7 @@ async def test_a_recording_survives_sigkill_whole_and_up_to_the_last_second(
 async def test_a_torn_tail_is_cut_at_start_unless_a_live_writer_holds_the_file(
     tmp_path: Path,
 ) -> None:
-    folder = tmp_path / "default" / "vm1"
+    folder = tmp_path / "default" / "machines" / "vm1" / "none"
     folder.mkdir(parents=True)
     whole = b'{"version": 2, "width": 80, "height": 24, "timestamp": 1}\n[0.1, "o", "a"]\n'
     torn = folder / "20240101T000000Z-0000000a.cast"
@@ -144,7 +144,7 @@ async def test_a_display_recording_survives_sigkill_in_whole_blocks(tmp_path: Pa
                 await server.proc.wait()
     finally:
         await display.stop()
-    (path,) = directory.glob("default/vm1/*.display")
+    (path,) = directory.glob("default/machines/vm1/*/*.display")
     data = path.read_bytes()
     assert displayrec.complete_size(data) == len(data), "whole blocks only"
     screen = displayrec.Screen()
@@ -159,7 +159,7 @@ async def test_a_display_recording_survives_sigkill_in_whole_blocks(tmp_path: Pa
 
 
 async def test_a_torn_display_block_is_cut_at_start(tmp_path: Path) -> None:
-    folder = tmp_path / "default" / "vm1"
+    folder = tmp_path / "default" / "machines" / "vm1" / "none"
     folder.mkdir(parents=True)
     whole = displayrec.Header(1, "t").encode() + displayrec.seal(False, 0, b"\x04\x00\x00\x00\x05")
     torn = folder / "20240101T000000Z-0000000c.display"
