@@ -7,6 +7,7 @@ parses YAML itself.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -21,11 +22,14 @@ from subres.policies import LimitRule, Moderation
 
 __all__ = [
     "ANY_PORT",
+    "DEFAULT_CONSOLE",
     "DEFAULT_DENY_CIDRS",
     "DEFAULT_SOCKET_DIR",
+    "SLOT",
     "SUBRESOURCES",
     "TRUSTED_FIELDS",
     "TRUSTED_PREFIX",
+    "USB_SLOTS",
     "Config",
     "ConfigError",
     "ConsolesSpec",
@@ -40,13 +44,24 @@ __all__ = [
     "field_value",
     "load",
     "parse",
+    "slot_source",
 ]
 
-SUBRESOURCES = ("console", "vnc", "screenshot", "portforward")
+SUBRESOURCES = ("console", "vnc", "screenshot", "portforward", "usbredir")
 ANY_PORT = "any"
 """`ports: any`: the parent kind opts in to forwarding every port (KubeVirt restricts none)."""
 
-Scalar = str | int | float | bool
+Scalar = str | int | float | bool | None
+"""A value a state rule compares a field with; None is a field that is unset."""
+
+DEFAULT_CONSOLE = "serial0"
+"""What a parent's console is called when its configuration names it nothing else."""
+MAX_CONSOLES = 16
+"""Consoles one parent kind may name: each is a kept connection, a hub and a recording."""
+SLOT = "{slot}"
+"""In a usbredir endpoint template, the slot's number (0, 1, …)."""
+USB_SLOTS = 4
+"""usbredir slots a machine has at most, by default: KubeVirt's UsbClientPassthroughMaxNumberOf."""
 
 DEFAULT_DENY_CIDRS = (
     "0.0.0.0/8",  # unspecified: "this host"
@@ -100,9 +115,12 @@ class Requirement:
     """The Status message when the rule fails; empty for one naming the field and value."""
 
     def holds(self, value: Any) -> bool:
-        """Whether the field's `value` satisfies the rule (`true` never equals `1`)."""
+        """Whether the field's `value` satisfies the rule (`true` never equals `1`; `null`
+        matches an unset field only)."""
         found = any(
-            isinstance(v, bool) == isinstance(value, bool) and v == value for v in self.values
+            (v is None and value is None)
+            or (v is not None and isinstance(v, bool) == isinstance(value, bool) and v == value)
+            for v in self.values
         )
         return found != self.negate
 
@@ -151,6 +169,17 @@ class SubresourceSpec:
     `never`, `always`, `required` (always, and a session whose recording cannot be
     written is refused or ended), or `annotated` (`consoles.recordAnnotation` for a
     console, `consoles.recordDisplayAnnotation` for a display, "true")."""
+    unit: str = ""
+    """Which of the parent's units of this subresource this spec describes: a console's
+    name, a usbredir slot's number; "" for the only one (or the default console)."""
+    slots: int = 0
+    """usbredir: how many slots (one client each) a machine has at most; its endpoint
+    names one URL per slot (a list, or a template with `{slot}`)."""
+    label: str = ""
+    """console: the name clients pick it by (`?console=serial1`); the default console's
+    is `name:` in the file (`serial0`), another's its key under `consoles:`."""
+    consoles: tuple[SubresourceSpec, ...] = ()
+    """The default console's: the parent's other consoles, each a spec of its own."""
 
     def opted_in(self, mode: str, obj: Mapping[str, Any], annotation: str) -> bool:
         """Whether `obj` opts in under `mode` (this spec's `keep` or `record`)."""
@@ -184,6 +213,18 @@ class ParentSpec:
     def api_version(self) -> str:
         """The `apiVersion` the parent objects carry."""
         return f"{self.group}/{self.version}"
+
+    def all_consoles(self) -> tuple[SubresourceSpec, ...]:
+        """Every console of the kind, the default one first; none without a console."""
+        console = self.subresources.get("console")
+        return (console, *console.consoles) if console is not None else ()
+
+    def console(self, name: str = "") -> SubresourceSpec | None:
+        """The console called `name`, or the default one for ""."""
+        consoles = self.all_consoles()
+        if not name:
+            return consoles[0] if consoles else None
+        return next((c for c in consoles if c.label == name), None)
 
 
 @dataclass(frozen=True)
@@ -321,7 +362,7 @@ def _default_parent(root: str = ".status") -> ParentSpec:
     vnc = f"{root}.vnc.endpoint"
     subs = {
         "console": SubresourceSpec(
-            "console", endpoint=f"{root}.console.endpoint", requires=running
+            "console", endpoint=f"{root}.console.endpoint", requires=running, label=DEFAULT_CONSOLE
         ),
         "vnc": SubresourceSpec("vnc", endpoint=vnc, requires=running),
         "screenshot": SubresourceSpec("screenshot", endpoint=vnc, requires=running),
@@ -330,6 +371,9 @@ def _default_parent(root: str = ".status") -> ParentSpec:
             address=f"{root}.portForward.address",
             ports=f"{root}.portForward.ports",
             requires=running,
+        ),
+        "usbredir": SubresourceSpec(
+            "usbredir", endpoint=f"{root}.usbredir.endpoints", requires=running, slots=USB_SLOTS
         ),
     }
     return ParentSpec(
@@ -427,20 +471,29 @@ def _check_trusted(parents: tuple[ParentSpec, ...]) -> None:
                 f"{parent.resource}.node reads {parent.node}, which whoever may edit the "
                 "object can change; use a .status field, or set endpointsFromSpec: true"
             )
-        for sub in parent.subresources.values():
+        for sub in (*parent.subresources.values(), *parent.all_consoles()):
             for source in _backend_sources(sub):
                 for path in _fields_of(source):
                     if not path.startswith(TRUSTED_PREFIX) and path not in TRUSTED_FIELDS:
+                        what = f"{parent.resource}.{sub.name}{_which(sub)}"
                         raise ConfigError(
-                            f"{parent.resource}.{sub.name} reads its backend from {path}, "
+                            f"{what} reads its backend from {path}, "
                             "which whoever may edit the object can change; use a .status "
                             "field, or set endpointsFromSpec: true to let editors choose "
                             "where subres dials"
                         )
 
 
+def _which(sub: SubresourceSpec) -> str:
+    return f" {sub.unit}" if sub.unit else ""
+
+
 def _backend_sources(sub: SubresourceSpec) -> list[str]:
-    sources = [sub.endpoint, sub.address, "" if sub.ports == ANY_PORT else sub.ports]
+    sources = [
+        slot_source(sub.endpoint, 0),
+        sub.address,
+        "" if sub.ports == ANY_PORT else sub.ports,
+    ]
     if sub.ssh is not None:
         ssh = sub.ssh
         sources += [ssh.credentials, ssh.host_key, ssh.command, ssh.via]
@@ -469,7 +522,10 @@ def _parent(data: Any) -> ParentSpec:
         group=_name(source.get("group"), f"{resource}.source.group", _SUBDOMAIN),
         version=_name(source.get("version"), f"{resource}.source.version", _LABEL),
         crd_resource=_name(source.get("resource", resource), f"{resource}.source.resource", _LABEL),
-        subresources={name: _subresource(name, spec) for name, spec in subs.items()},
+        subresources={
+            name: _console(spec) if name == "console" else _subresource(name, spec)
+            for name, spec in subs.items()
+        },
         instance=_instance(doc["instance"], f"{resource}.instance") if "instance" in doc else None,
         node=_str(doc.get("node", ParentSpec.node), f"{resource}.node"),
     )
@@ -483,15 +539,26 @@ def _instance(data: Any, what: str) -> InstanceSpec:
     )
 
 
+def slot_source(endpoint: str, slot: int) -> str:
+    """A usbredir endpoint's field path or template, for slot number `slot`."""
+    return endpoint.replace(SLOT, str(slot))
+
+
 def _subresource(name: str, data: Any) -> SubresourceSpec:
     keys = {"endpoint", "address", "ports", "require", "ssh", "nodeLocal", "keep", "record"}
-    doc = _mapping(data, name, keys)
+    doc = _mapping(data, name, keys | {"slots", "name", "consoles"})
+    if ("name" in doc or "consoles" in doc) and name != "console":
+        raise ConfigError(f"{name}: only console has a name and more consoles")
     if "keep" in doc and (name != "console" or doc["keep"] not in OPT_IN):
         raise ConfigError(f"{name}.keep: only console has it, one of {', '.join(OPT_IN)}")
     if "record" in doc and (name not in RECORDED or doc["record"] not in RECORD):
         raise ConfigError(
             f"{name}.record: only console and vnc have it, one of {', '.join(RECORD)}"
         )
+    if "slots" in doc and name != "usbredir":
+        raise ConfigError(f"{name}.slots: only usbredir has slots")
+    if SLOT in str(doc.get("endpoint", "")) and name != "usbredir":
+        raise ConfigError(f"{name}.endpoint: only usbredir endpoints have a {SLOT}")
     if name == "portforward":
         if "address" not in doc or "ports" not in doc:
             raise ConfigError("portforward needs `address` and `ports` field paths")
@@ -501,9 +568,11 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
     node_local = doc.get("nodeLocal", False)
     if not isinstance(node_local, bool):
         raise ConfigError(f"{name}.nodeLocal must be true or false")
+    endpoint = doc.get("endpoint")
+    _source(slot_source(endpoint, 0) if isinstance(endpoint, str) else endpoint, f"{name}.endpoint")
     return SubresourceSpec(
         name=name,
-        endpoint=_source(doc.get("endpoint"), f"{name}.endpoint"),
+        endpoint=endpoint or "",
         address=_path(doc.get("address"), f"{name}.address"),
         ports=ports if ports == ANY_PORT else _path(ports or None, f"{name}.ports"),
         requires=_requirements(doc.get("require", {}), f"{name}.require"),
@@ -511,7 +580,34 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         node_local=node_local,
         keep=doc.get("keep", "annotated"),
         record=doc.get("record", "annotated"),
+        slots=_count(doc.get("slots", USB_SLOTS), f"{name}.slots") if name == "usbredir" else 0,
+        label=_name(doc.get("name", DEFAULT_CONSOLE), f"{name}.name", _LABEL)
+        if name == "console"
+        else "",
     )
+
+
+def _console(data: Any) -> SubresourceSpec:
+    """The default console, with the other consoles named under its `consoles:`."""
+    doc = _mapping(data, "console", None)
+    console = _subresource("console", {k: v for k, v in doc.items() if k != "consoles"})
+    others = _mapping(doc.get("consoles", {}), "console.consoles", None)
+    if len(others) + 1 > MAX_CONSOLES:
+        raise ConfigError(f"console.consoles: at most {MAX_CONSOLES} consoles in all")
+    specs = []
+    for label, spec in others.items():
+        what = f"console.consoles.{label}"
+        _name(label, what, _LABEL)
+        if label == console.label:
+            raise ConfigError(f"{what}: the default console is called {label} already")
+        fields_ = _mapping(
+            spec, what, {"endpoint", "require", "ssh", "nodeLocal", "keep", "record"}
+        )
+        # A console says what differs; the rest (state rules, nodeLocal) is the default's.
+        inherited = {"require": doc.get("require", {}), "nodeLocal": doc.get("nodeLocal", False)}
+        other = _subresource("console", {**inherited, **fields_, "name": label})
+        specs.append(dataclasses.replace(other, unit=label))
+    return dataclasses.replace(console, consoles=tuple(specs))
 
 
 def _ssh(name: str, data: Any) -> SshSpec:
@@ -568,8 +664,8 @@ def _rule(data: Any, what: str) -> Requirement:
 def _scalars(data: Any, what: str) -> tuple[Scalar, ...]:
     values = _list(data, what)
     for value in values:
-        if not isinstance(value, str | int | float | bool):
-            raise ConfigError(f"{what}: {value!r} is not a string, number or boolean")
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise ConfigError(f"{what}: {value!r} is not a string, number, boolean or null")
     return tuple(values)
 
 

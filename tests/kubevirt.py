@@ -2,13 +2,15 @@
 
 Shared by the profile's server tests, the virtctl tests (standalone) and the
 end-to-end tests through kube-apiserver. Backends keep virt-launcher's socket
-layout: `{sockets}/{vmi uid}/virt-serial0` (a shell in a PTY) and `…/virt-vnc`
-(the demo display); a VMI's address is 127.0.0.1, where a TCP echo server
-and a UDP echo server listen.
+layout: `{sockets}/{vmi uid}/virt-serial0` (a shell in a PTY), `…/virt-vnc`
+(the demo display) and `…/virt-usbredir-0` to `-3` (stand-ins for QEMU's
+usb-redir device, one per slot); a VMI's address is 127.0.0.1, where a TCP
+echo server and a UDP echo server listen.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -19,10 +21,12 @@ from typing import Any
 
 import yaml
 
+from subres.config import USB_SLOTS
 from subres.demo.shell import ShellServer
 from subres.demo.vnc import Display, VncServer
 from tests.server.portforward_support import UdpEcho
 from tests.support import Backend
+from tests.usbredir import FakeSlot
 
 __all__ = [
     "EXAMPLE",
@@ -43,7 +47,7 @@ SOCKETS = "/var/run/kubevirt-private"
 def profile(sockets: Path) -> dict[str, Any]:
     """The shipped profile with its socket directory moved to `sockets`, without its policy."""
     text = (EXAMPLE / "config.yaml").read_text()
-    assert text.count(f"unix://{SOCKETS}/") == 3  # console, vnc, screenshot
+    assert text.count(f"unix://{SOCKETS}/") == 4  # console, vnc, screenshot, usbredir
     doc: dict[str, Any] = yaml.safe_load(text.replace(SOCKETS, str(sockets)))
     del doc["endpointPolicy"]  # the test's own: loopback and the socket directory
     return doc
@@ -56,7 +60,7 @@ def vmi(
     phase: str = "Running",
     interfaces: list[dict[str, str]] | None = None,
     conditions: list[dict[str, str]] | None = None,
-    devices: dict[str, bool] | None = None,
+    devices: dict[str, Any] | None = None,
     owner: str | None = None,
     namespace: str = "default",
 ) -> dict[str, Any]:
@@ -123,6 +127,8 @@ class Backends:
     """TCP echo on 127.0.0.1."""
     udp: UdpEcho
     """UDP echo on 127.0.0.1."""
+    usb: list[Backend]
+    """The VMI's four USB slots (`FakeSlot`s), as virt-launcher makes them."""
 
 
 @asynccontextmanager
@@ -134,13 +140,18 @@ async def backends(sockets: Path, uid: str) -> AsyncIterator[Backends]:
     vnc = VncServer(sockets / uid / "virt-vnc", display=display)
     echo = Backend()
     udp = UdpEcho()
+    usb = [
+        await Backend(handler=FakeSlot(i).handle).start_unix(sockets / uid / f"virt-usbredir-{i}")
+        for i in range(USB_SLOTS)
+    ]
     await shell.start()
     await vnc.start()
     await echo.start_tcp()
     await udp.start()
     try:
-        yield Backends(shell, display, vnc, echo, udp)
+        yield Backends(shell, display, vnc, echo, udp, usb)
     finally:
+        await asyncio.gather(*(slot.stop() for slot in usb))
         udp.stop()
         await echo.stop()
         await vnc.stop()

@@ -257,6 +257,17 @@ class Standalone:
         assert status.get("kind") == "Status" and status.get("code") == response.status_code
         return response.status_code, status
 
+    async def fetch(self, url: str, *, user: str = "alice") -> tuple[int, str, bytes]:
+        """A plain GET of `url` as `user` (bounded): its status, Content-Type and body."""
+        import aiohttp
+
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+            http.get(url, ssl=self.client_ssl, headers=self.auth_as(user)) as response,
+        ):
+            kind = response.headers.get("Content-Type", "")
+            return response.status, kind, await response.read()
+
     async def echoed(self, url: str, payload: bytes, *protocols: str) -> bytes:
         """Send `payload` on a new raw WebSocket to `url`; as many bytes as came back (bounded)."""
         async with self.websocket(url, *protocols) as ws, asyncio.timeout(30):

@@ -204,7 +204,7 @@ def _one_console(console: object) -> dict[str, object]:
         (_one_console({"endpoint": ".a", "require": [{"field": "p", "in": ["A"]}]}),
          "field path"),
         (_one_console({"endpoint": ".a", "require": {".p": [["nested"]]}}),
-         "not a string, number or boolean"),
+         "not a string, number, boolean or null"),
         ({"serverVersion": {"gitversion": "v1"}}, "unknown keys"),
         (
             {"parents": [{**_kubevirt_like()["parents"][1]}]},  # type: ignore[index]
@@ -315,3 +315,110 @@ def test_names_that_go_into_api_paths_are_checked(data: object, words: str) -> N
     # Found by the config fuzz target: `parents: []` made the server fail at start.
     with pytest.raises(config.ConfigError, match=re.escape(words)):
         config.parse(data)
+
+
+def _usbredir(spec: object) -> dict[str, object]:
+    return {
+        "parents": [
+            {
+                "resource": "vmis",
+                "kind": "VMI",
+                "source": {"group": "g", "version": "v"},
+                "subresources": {"usbredir": spec},
+            }
+        ]
+    }
+
+
+def test_usbredir_has_a_cap_on_its_slots_and_a_slot_placeholder() -> None:
+    machines = config.Config().parent("machines")
+    assert machines is not None
+    default = machines.subresources["usbredir"]
+    assert (default.endpoint, default.slots) == (".status.usbredir.endpoints", config.USB_SLOTS)
+    template = "unix:///run/vms/{.metadata.uid}/usbredir-{slot}"
+    cfg = config.parse(_usbredir({"endpoint": template, "slots": 2}))
+    vmis = cfg.parent("vmis")
+    assert vmis is not None and vmis.subresources["usbredir"].slots == 2
+    assert config.slot_source(template, 1) == "unix:///run/vms/{.metadata.uid}/usbredir-1"
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (_usbredir({"endpoint": ".status.usb", "slots": 0}), "slots must be a positive"),
+        (_usbredir({"endpoint": ".status.usb", "slots": True}), "slots must be a positive"),
+        (_usbredir({"endpoint": "unix:///{.spec.dir}/usb-{slot}"}),
+         "usbredir reads its backend from .spec.dir"),
+        (_usbredir({"endpoint": "unix:///x/usb-{slot}"}), "has no {.field.path} placeholder"),
+        (_one_console({"endpoint": ".a", "slots": 2}), "only usbredir has slots"),
+        (_one_console({"endpoint": "unix:///{.status.d}/{slot}"}),
+         "only usbredir endpoints have a {slot}"),
+    ],
+)  # fmt: skip
+def test_usbredir_settings_are_checked(data: object, words: str) -> None:
+    with pytest.raises(config.ConfigError, match=re.escape(words)):
+        config.parse(data)
+
+
+def test_a_rule_on_null_asks_whether_a_field_is_set() -> None:
+    cfg = config.parse(
+        _usbredir(
+            {
+                "endpoint": ".status.usb",
+                "require": [{"field": ".spec.passthrough", "notIn": [None], "code": 409}],
+            }
+        )
+    )
+    vmis = cfg.parent("vmis")
+    assert vmis is not None
+    rule = vmis.subresources["usbredir"].requires[0]
+    assert not rule.holds(None)
+    assert rule.holds({}) and rule.holds(False) and rule.holds(0) and rule.holds("")
+
+
+def test_a_kind_names_several_consoles_each_inheriting_the_defaults_rules() -> None:
+    cfg = config.parse(
+        _one_console(
+            {
+                "endpoint": ".status.console",
+                "require": {".status.phase": ["Running"]},
+                "nodeLocal": True,
+                "consoles": {
+                    "serial1": {"endpoint": ".status.serial1", "keep": "always"},
+                    "sol": {"endpoint": ".status.sol", "require": {".status.bmc": ["up"]}},
+                },
+            }
+        )
+    )
+    parent = cfg.parent("x")
+    assert parent is not None
+    default, serial1, sol = parent.all_consoles()
+    assert (default.label, default.unit) == ("serial0", "")
+    assert (serial1.label, serial1.unit, serial1.keep) == ("serial1", "serial1", "always")
+    assert serial1.requires == default.requires and serial1.node_local
+    assert sol.requires == (config.Requirement(".status.bmc", ("up",)),)
+    assert parent.console() is default and parent.console("serial0") is default
+    assert parent.console("sol") is sol and parent.console("nosuch") is None
+    named = config.parse(_one_console({"endpoint": ".status.console", "name": "tty0"}))
+    assert named.parents[0].console("tty0") is named.parents[0].console()
+
+
+@pytest.mark.parametrize(
+    ("console", "words"),
+    [
+        ({"endpoint": ".a", "consoles": {"Serial1": {"endpoint": ".b"}}},
+         "'Serial1' is not a valid"),
+        ({"endpoint": ".a", "consoles": {"serial0": {"endpoint": ".b"}}},
+         "the default console is called serial0 already"),
+        ({"endpoint": ".a", "consoles": {"s1": {"endpoint": ".b", "slots": 1}}}, "unknown keys"),
+        ({"endpoint": ".a", "consoles": {"s1": {}}}, "console needs an `endpoint`"),
+        ({"endpoint": ".a", "consoles": {f"s{i}": {"endpoint": ".b"} for i in range(16)}},
+         "at most 16 consoles"),
+        ({"endpoint": ".a", "name": "../x"}, "console.name"),
+        ({"endpoint": ".status.a", "consoles": {"s1": {"endpoint": ".spec.b"}}},
+         "x.console s1 reads its backend from .spec.b"),
+    ],
+)  # fmt: skip
+def test_console_names_and_settings_are_checked(console: object, words: str) -> None:
+    with pytest.raises(config.ConfigError, match=re.escape(words)):
+        config.parse(_one_console(console))

@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -30,9 +31,10 @@ import pexpect  # type: ignore[import-untyped]
 from PIL import Image
 
 from subres.demo.vnc import Display
+from tests import usbredir
 from tests.support import end_process, free_port
 
-__all__ = ["TIMEOUT", "Virtctl"]
+__all__ = ["TIMEOUT", "Redirection", "Virtctl"]
 
 TIMEOUT = 30.0
 """Bound on each step of a scenario."""
@@ -242,6 +244,64 @@ class Virtctl:
                 assert await proc.wait() == 0
         finally:
             await _end(proc)
+
+    @contextlib.asynccontextmanager
+    async def usbredir(self, name: str) -> AsyncIterator[Redirection]:
+        """`usbredir --no-launch NAME`: its local address connected, after both hellos."""
+        proc = await self.start("usbredir", "--no-launch", name)
+        try:
+            assert proc.stdout is not None
+            said, found = b"", None
+            async with asyncio.timeout(TIMEOUT):
+                while found is None and (line := await proc.stdout.readline()):
+                    said += line
+                    found = re.search(rb"usbredir client at: ([^\s]+):(\d+)", line)
+            assert found is not None, said + await _rest(proc)
+            reader, writer = await asyncio.open_connection(found[1].decode(), int(found[2]))
+            writer.write(usbredir.hello("usbredirect (virtctl test)"))
+            async with asyncio.timeout(TIMEOUT):
+                version = await usbredir.read_hello(reader)
+            yield Redirection(proc, reader, writer, version)
+            writer.close()
+        finally:
+            await _end(proc)
+
+    async def usbredir_takeover(self, name: str, *, device: str, slots: int) -> None:
+        """One `usbredir` per USB slot, each greeted by a slot of its own; then one more takes
+        over the slot held longest: the first ends saying so, the newcomer gets its hello."""
+        async with contextlib.AsyncExitStack() as stack:
+            held = [await stack.enter_async_context(self.usbredir(name)) for _ in range(slots)]
+            versions = [r.version for r in held]
+            assert len(set(versions)) == slots, versions
+            assert all(v.startswith(device) for v in versions), versions
+            newest = await stack.enter_async_context(self.usbredir(name))
+            assert newest.version == held[0].version
+            async with asyncio.timeout(TIMEOUT):
+                assert await held[0].proc.wait() != 0
+            said = await _rest(held[0].proc)
+            assert b"taken over by" in said, said
+            assert all(r.proc.returncode is None for r in held[1:])
+
+
+@dataclass
+class Redirection:
+    """A running `virtctl usbredir --no-launch` and the usbredir client connected to it."""
+
+    proc: asyncio.subprocess.Process
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    version: str
+    """What the USB slot announced in its hello."""
+
+
+async def _rest(proc: asyncio.subprocess.Process) -> bytes:
+    """What is left of virtctl's stderr (bounded)."""
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            return await proc.stderr.read()
+    except TimeoutError:
+        return b"(virtctl still running)"
 
 
 def _assert_shows(image: Image.Image, display: Display) -> None:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A tiny real Linux VM for subres to serve: Debian's kernel and a busybox
-# initramfs under QEMU, its serial console and VNC display on unix sockets and
-# a web server in the guest forwarded to 127.0.0.1. See README.md beside this file.
+# initramfs under QEMU, its two serial consoles (the kernel and a shell on the
+# first, a getty on the second), VNC display and USB redirection slot on unix
+# sockets and a web server in the guest forwarded to 127.0.0.1. See README.md
+# beside this file.
 #
 #   run-vm.sh prepare                  install QEMU and busybox, fetch the kernel
 #   run-vm.sh start STATE_DIR [PORT]   boot in the background (PORT: host port of the guest's :80, default 8080)
@@ -118,7 +120,8 @@ unpack_kernel() {
 }
 
 # The guest's /init: mounts, loopback and network, a web page, a banner on the
-# VGA console with a shell on tty1, and a shell on ttyS0 that comes back when it exits.
+# VGA console with a shell on tty1, a getty on ttyS1 (the second serial port) and a
+# shell on ttyS0 that come back when they exit.
 write_init() {
 	cat >"$1" <<EOF
 #!/bin/busybox sh
@@ -154,6 +157,11 @@ banner() {
 	printf '\033[0m\n'
 }
 (while :; do banner >/dev/tty1; setsid -c sh -i </dev/tty1 >/dev/tty1 2>&1; done) &
+# The second serial port: busybox's getty, which prints /etc/issue (\\l: the tty) and,
+# asking no login name (-n), starts a shell.
+mkdir -p /etc
+echo "$NAME serial1: getty on \\l" >/etc/issue
+(while :; do getty -n -l /bin/sh 115200 ttyS1 vt100; done) &
 while :; do
 	echo "$NAME: shell on ttyS0"
 	setsid -c sh -i </dev/ttyS0 >/dev/ttyS0 2>&1
@@ -212,23 +220,31 @@ start() {
 	if [[ -f $dir/qemu.pid ]] && kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null; then
 		die "a VM is already running from $dir (pid $(cat "$dir/qemu.pid"))"
 	fi
-	rm -f "$dir/serial.sock" "$dir/vnc.sock" "$dir/qemu.pid"
+	rm -f "$dir/serial.sock" "$dir/serial1.sock" "$dir/vnc.sock" "$dir/usbredir0.sock" "$dir/qemu.pid"
 	build_initramfs "$dir/initramfs.gz"
 	local how
 	how=$(accel)
-	# -daemonize returns once the sockets listen.
+	# -daemonize returns once the sockets listen. The USB redirection slot is QEMU's
+	# usb-redir device on an xHCI controller: a usbredir client (usbredirect, through
+	# subres) plugs a USB device of its own into the guest there.
 	qemu-system-x86_64 \
 		-accel "$how" -m 256M -smp 1 -nodefaults -no-reboot \
 		-kernel "$CACHE/current/vmlinux" -initrd "$dir/initramfs.gz" \
 		-append "console=tty1 console=ttyS0 video=1024x768 quiet panic=1" \
 		-chardev "socket,id=s0,path=$dir/serial.sock,server=on,wait=off" -serial chardev:s0 \
+		-chardev "socket,id=s1,path=$dir/serial1.sock,server=on,wait=off" -serial chardev:s1 \
 		-vga std -display none -vnc "unix:$dir/vnc.sock" \
+		-device qemu-xhci,id=xhci \
+		-chardev "socket,id=usbredir0,path=$dir/usbredir0.sock,server=on,wait=off" \
+		-device usb-redir,chardev=usbredir0,id=redir0 \
 		-nic "user,model=e1000,restrict=on,hostfwd=tcp:127.0.0.1:$port-:80" \
 		-name "$NAME" -pidfile "$dir/qemu.pid" -daemonize
 	pid=$(cat "$dir/qemu.pid")
 	echo "run-vm.sh: $NAME running as pid $pid ($how)"
-	echo "  serial console: unix://$dir/serial.sock"
+	echo "  serial console: unix://$dir/serial.sock (serial0: the kernel and a shell)"
+	echo "  serial1:        unix://$dir/serial1.sock (a getty)"
 	echo "  vnc display:    unix://$dir/vnc.sock"
+	echo "  usb slot:       unix://$dir/usbredir0.sock"
 	echo "  guest :80 at:   127.0.0.1:$port"
 }
 
@@ -247,7 +263,8 @@ stop() {
 			kill -KILL "$pid" 2>/dev/null || true
 		fi
 	fi
-	rm -f "$dir/qemu.pid" "$dir/serial.sock" "$dir/vnc.sock" "$dir/initramfs.gz"
+	rm -f "$dir/qemu.pid" "$dir/serial.sock" "$dir/serial1.sock" "$dir/vnc.sock" "$dir/usbredir0.sock" \
+		"$dir/initramfs.gz"
 	echo "run-vm.sh: stopped pid $pid"
 }
 

@@ -16,8 +16,9 @@ the internal CA and the replica name.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -66,6 +67,11 @@ class PeerStream(RelayStream):
     def recorded(self) -> bool:
         """The owner records the session."""
         return self.answer_headers.get("subres-recorded") == "true"
+
+    @property
+    def unit(self) -> str:
+        """Which of the machine's units the owner gave (a USB slot it chose), if it says."""
+        return self.answer_headers.get("subres-unit", "")
 
     @property
     def keeps_scrollback(self) -> bool:
@@ -152,6 +158,28 @@ class Peers:
             raise PeerRefused(f"{message}{self.connect_timeout:g}s", 503) from None
         except (OSError, ssl.SSLError, h11.ProtocolError, ValueError, BackendUnavailable) as exc:
             raise PeerRefused(f"cannot reach {where}, which owns this unit: {exc}", 503) from None
+
+    @contextlib.asynccontextmanager
+    async def opened(
+        self, address: tuple[str, int], path: str
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET of `path` of the replica at `address`, its answer open to read as it comes
+        (a log followed); `OSError` when it cannot be asked within the connect timeout."""
+        if self.tls is None:
+            raise OSError("this replica has no replica certificate to reach the others")
+        host, port = address
+        url = f"https://{f'[{host}]' if ':' in host else host}:{port}{path}"
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.get(
+                    url, ssl=self.tls.context(), server_hostname=self.tls.server_name
+                ) as response,
+            ):
+                yield response
+        except aiohttp.ClientError as exc:
+            raise OSError(str(exc)) from None
 
     async def get(self, address: tuple[str, int], path: str, *, limit: int) -> tuple[int, bytes]:
         """GET `path` of the replica at `address`: its status and body (at most `limit` bytes).

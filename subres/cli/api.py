@@ -233,7 +233,7 @@ async def get(
     *,
     max_body: int,
     target: Target | None = None,
-    request_timeout: float = OPEN_TIMEOUT,
+    request_timeout: float | None = OPEN_TIMEOUT,
     accept: str | None = None,
     sink: Callable[[bytes], Awaitable[None]] | None = None,
     method: str = "GET",
@@ -243,12 +243,15 @@ async def get(
     `ServerError` for any answer but 200 (with `target`'s hint on a 404),
     `CommandError` for a body over `max_body` bytes, `Unreachable` as for `connect`.
     With `sink`, a 200 answer's body goes to it as it arrives, unbounded, and
-    b"" is returned.
+    b"" is returned. `request_timeout` None: a body that may never end (a log
+    followed), bounded only until the answer's headers arrive.
     """
     import aiohttp
 
     async def attempt(headers: Mapping[str, str]) -> bytes:
         timeout = aiohttp.ClientTimeout(total=request_timeout)
+        if request_timeout is None:
+            timeout = aiohttp.ClientTimeout(total=None, connect=OPEN_TIMEOUT)
         async with (
             # Without a proxy-url, the environment's (HTTPS_PROXY, NO_PROXY), as client-go.
             aiohttp.ClientSession(timeout=timeout, trust_env=config.proxy is None) as http,

@@ -183,7 +183,16 @@ def _console(parser: argparse.ArgumentParser) -> None:
         metavar="LINES",
         help="of a kept console's scrollback, replay only the last LINES lines",
     )
+    _console_name(parser)
     _group_version(parser)
+
+
+def _console_name(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--console",
+        metavar="NAME",
+        help="which of the machine's consoles (e.g. serial1; default: its default one)",
+    )
 
 
 def _port_forward(parser: argparse.ArgumentParser) -> None:
@@ -284,6 +293,43 @@ def _recordings(parser: argparse.ArgumentParser) -> None:
     _group_version(parser)
 
 
+def _logs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar=TARGET, help="the machine whose console to read")
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing the console's output"
+    )
+    parser.add_argument(
+        "--tail",
+        type=int,
+        default=-1,
+        metavar="LINES",
+        help="print only the last LINES lines (default -1: all that is kept)",
+    )
+    parser.add_argument(
+        "--since",
+        type=parse_duration,
+        metavar="DURATION",
+        help="only lines newer than this (e.g. 5s, 2m, 3h)",
+    )
+    parser.add_argument("--since-time", metavar="TIME", help="only lines since this RFC 3339 time")
+    parser.add_argument(
+        "--limit-bytes", type=int, metavar="BYTES", help="print at most this many bytes"
+    )
+    parser.add_argument(
+        "--timestamps",
+        action="store_true",
+        help="lead each line with the time subres received it (RFC 3339)",
+    )
+    parser.add_argument(
+        "-p",
+        "--previous",
+        action="store_true",
+        help="the output of the console's connection before it was last dialed again",
+    )
+    _console_name(parser)
+    _group_version(parser)
+
+
 def _replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="a console or display recording (- for stdin)")
     parser.add_argument(
@@ -359,6 +405,14 @@ VERBS = (
         "(play it with subres replay).",
         _recordings,
         "subres.cli.recordings",
+    ),
+    Verb(
+        "logs",
+        "print a kept console's output, as kubectl logs does",
+        "Print what a kept console printed (its scrollback), or follow it with -f; "
+        "the machine's console must be kept (the subres.dev/keep-console annotation).",
+        _logs,
+        "subres.cli.logs",
     ),
     Verb(
         "replay",

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 from typing import BinaryIO
+from urllib.parse import urlencode
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
@@ -71,17 +72,22 @@ async def _console(
     interactive = os.isatty(fd)
     observe = ns.observe or ns.moderate
     if interactive and not observe and not ns.force:
-        chosen = await takeover.ask(config, target, group_version=group_version)
+        chosen = await takeover.ask(
+            config, target, group_version=group_version, console=ns.console or ""
+        )
         observe = chosen == takeover.OBSERVER
     sub = "console-moderate" if ns.moderate else "console-observe" if observe else "console"
-    query = f"?tail={ns.tail}" if ns.tail is not None else ""
-    address = api.object_url(config, target, group_version=group_version) + f"/{sub}{query}"
+    options = {"tail": ns.tail, "console": ns.console}
+    query = urlencode({k: v for k, v in options.items() if v is not None})
+    address = api.object_url(config, target, group_version=group_version) + f"/{sub}"
+    address += f"?{query}" if query else ""
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
     if interactive:
         how = (
             "Moderating" if ns.moderate else "Observing (read-only)" if observe else "Connected to"
         )
-        print(f"{how} {target}. Escape with Ctrl+]", file=sys.stderr, flush=True)
+        which = f" (console {ns.console})" if ns.console else ""
+        print(f"{how} {target}{which}. Escape with Ctrl+]", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     pacing = reconnect.Pacing()
     stdout = _Output(sys.stdout.buffer)

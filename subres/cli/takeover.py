@@ -28,9 +28,14 @@ OBSERVER = "observer"
 MAX_LIST = 4 << 20
 
 
-async def ask(config: ClientConfig, target: Target, *, group_version: str) -> str:
-    """`WRITER` or `OBSERVER`, as the user chose; `CommandError` if they left it alone."""
-    holder = await _writer(config, target, group_version=group_version)
+async def ask(
+    config: ClientConfig, target: Target, *, group_version: str, console: str = ""
+) -> str:
+    """`WRITER` or `OBSERVER`, as the user chose; `CommandError` if they left it alone.
+
+    `console`: which of the machine's consoles (its name; "" for the default one).
+    """
+    holder = await _writer(config, target, group_version=group_version, console=console)
     if holder is None:
         return WRITER
     answer = await asyncio.to_thread(_prompt, question(holder))
@@ -52,7 +57,7 @@ def question(holder: dict[str, Any]) -> str:
 
 
 async def _writer(
-    config: ClientConfig, target: Target, *, group_version: str
+    config: ClientConfig, target: Target, *, group_version: str, console: str
 ) -> dict[str, Any] | None:
     """The console's live writer, if the sessions can be read and there is one."""
     url = api.object_url(config, target, group_version=group_version, websocket=False)
@@ -60,12 +65,17 @@ async def _writer(
         body = await api.get(config, f"{url}/sessions", max_body=MAX_LIST, target=target)
     except CommandError:
         return None
-    items = api.json_object(body).get("items")
+    listing = api.json_object(body)
+    items, consoles = listing.get("items"), listing.get("consoles")
+    # Sessions name their console only when the machine has several (its first: the default).
+    several = isinstance(consoles, list) and len(consoles) > 1
+    unit = (console or str(consoles[0])) if several and isinstance(consoles, list) else ""
     for item in items if isinstance(items, list) else []:
-        if isinstance(item, dict) and (item.get("subresource"), item.get("mode")) == (
-            "console",
-            WRITER,
-        ):
+        if isinstance(item, dict) and (
+            item.get("subresource"),
+            item.get("mode"),
+            item.get("unit") or "",
+        ) == ("console", WRITER, unit):
             return item
     return None
 

@@ -27,6 +27,11 @@ upgrade, each a Status; the live part):
   stream).
 - portforward/{port}[/{tcp|udp}]: `portforward_ws.handle_port`; port (400),
   allowed (403), `subresource.connect`; a `RawWebSocket` and the pump.
+- log: `log.handle`; options (400), resolve as console, kept here (400 not kept,
+  503 kept elsewhere); the scrollback as text, then with `follow` chunked HTTP
+  from a `sessions.follower.Follower`.
+- usbredir: `usbredir.handle`; as vnc, on the first free USB slot (or the one
+  held longest, taken over; 409 with `preserveSession`); `streaming.serve`.
 
 Every live part runs inside `session.live` (register, takeover, count, one
 log line, the `Record` of how it ended) and stops when either side is gone.
@@ -47,12 +52,14 @@ from aiohttp import web
 
 from subres.server import (
     console,
+    log,
     middleware,
     moderate,
     portforward,
     recordinglist,
     screenshot,
     sessionlist,
+    usbredir,
     vnc,
 )
 from subres.server.discovery import AGGREGATED_TYPES, wants_aggregated
@@ -99,6 +106,7 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/console-moderate", console.moderate),
         ("DELETE", f"{sub}/console-moderate", moderate.end),
         ("GET", f"{sub}/sessions", sessionlist.for_machine),
+        ("GET", f"{sub}/log", log.handle),
         ("GET", f"{sub}/recordings", recordinglist.listing),
         ("GET", f"{sub}/recordings/{{file}}", recordinglist.one),
         ("GET", f"{namespaced}/sessions", sessionlist.for_namespace),
@@ -114,6 +122,7 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/portforward", portforward.handle),
         ("GET", f"{sub}/portforward/{{port}}", portforward.handle_port),
         ("GET", f"{sub}/portforward/{{port}}/{{protocol}}", portforward.handle_port),
+        ("GET", f"{sub}/usbredir", usbredir.handle),
     ]
     for method, path, handler in table:
         app.router.add_route(method, path, functools.partial(handler, state))

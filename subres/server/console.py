@@ -6,10 +6,14 @@ is an observer: read-only, authorized as its own subresource so that RBAC
 can grant watching without typing, at most `session.maxObserversPerConsole`
 per console and `session.maxObservers` per replica (429 beyond:
 `sessions.sharing`); observers stay attached while writers come and go.
-Both accept `?tail=N` (lines of a kept console's scrollback to replay
-first). The console's owner (`sessions.members`) holds
-the writer's slot, the observers and the kept connection; when that is
-another replica, this one relays to it (`sessions.peer`).
+`console-moderate` is an observer whom a moderated writer waits for
+(`sessions.moderation`). All accept `?tail=N` (lines of a kept console's
+scrollback to replay first) and `?console=NAME`: which of the machine's
+consoles (`serial1`, `sol`…), each with its own writer, observers, keeper,
+scrollback and recording; none (what virtctl and every other client send)
+is the default one. The console's owner (`sessions.members`) holds the
+writer's slot, the observers and the kept connection; when that is another
+replica, this one relays to it (`sessions.peer`).
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ async def moderate(state: State, request: web.Request) -> web.StreamResponse:
 
 
 async def _serve(state: State, request: web.Request, *, mode: str) -> web.StreamResponse:
-    target = subresource.resolve(state, request, "console")
+    target = subresource.console(
+        subresource.resolve(state, request, "console"), request.query.get("console")
+    )
     url = subresource.endpoint_url(target)
     tail = _tail(request)
     if handshake.dry_run(request):  # what the page asks when a browser hid a refusal

@@ -124,6 +124,8 @@ def served(parent: ParentSpec, config: Config) -> list[str]:
             names.append(SHARES[sub])
         if sub in MODERATED and config.moderation:
             names.append(MODERATED[sub])
+    if "console" in parent.subresources:
+        names.append("log")
     if {"console", "vnc"} & set(parent.subresources):
         names.append("recordings")
     return [*names, "sessions"]

@@ -17,6 +17,20 @@ from subres.server.discovery import KINDS, VERBS, served
 __all__ = ["Specs", "build"]
 
 PRODUCES = {"screenshot": ["image/png"]}
+CONSOLE = "which of the machine's consoles (default: its default one)"
+LOG_PARAMETERS = (
+    ("follow", "boolean", "keep the answer open and send new output as it arrives"),
+    ("tailLines", "integer", "only the last this many lines"),
+    ("sinceSeconds", "integer", "only lines that began this many seconds ago or later"),
+    ("sinceTime", "string", "only lines that began at or after this RFC 3339 time"),
+    ("limitBytes", "integer", "at most this many bytes in the answer"),
+    ("timestamps", "boolean", "lead each line with the time its first byte arrived"),
+    ("previous", "boolean", "the connection before the console was last dialed again"),
+    ("console", "string", CONSOLE),
+)
+"""The query options of `log`, as `pods/log` has them (and `console`)."""
+CHOSEN = ("console", "console-observe")
+"""The streams that take `?console=`."""
 METHODS = {"get": "get", "create": "post", "delete": "delete"}
 
 
@@ -112,6 +126,33 @@ def _operation(config: Config, kind: str, sub: str, verb: str, v3: bool) -> dict
     return op
 
 
+def _log(config: Config, kind: str, v3: bool) -> dict[str, Any]:
+    """GET a kept console's output as text."""
+    query = []
+    for name, kind_of, what in LOG_PARAMETERS:
+        schema = {"type": kind_of}
+        query.append(
+            {"name": name, "in": "query", "description": what, "uniqueItems": True}
+            | ({"schema": schema} if v3 else schema)
+        )
+    op: dict[str, Any] = {
+        "description": f"read the output of a {kind}'s kept console",
+        "operationId": f"readNamespaced{kind}Log",
+        "tags": [config.group],
+        "parameters": query,
+        "responses": {
+            "200": _ok({"type": "string"}, ["text/plain"], v3),
+            "401": {"description": "Unauthorized"},
+        },
+        "x-kubernetes-action": "get",
+        "x-kubernetes-group-version-kind": _gvk(config, kind),
+    }
+    if not v3:
+        op["produces"] = ["text/plain"]
+        op["schemes"] = ["https"]
+    return op
+
+
 def _read(
     config: Config, *, operation: str, what: str, v3: bool, kind: str = "SessionList"
 ) -> dict[str, Any]:
@@ -136,6 +177,9 @@ def _read(
 def _paths(config: Config, v3: bool) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for path, (kind, sub, _) in _operations(config).items():
+        if sub == "log":
+            paths[path] = {"get": _log(config, kind, v3), "parameters": _params(v3)}
+            continue
         if sub in KINDS:
             what = f"list the {sub} of a {kind}"
             operation = f"readNamespaced{kind}{_camel(sub)}"
@@ -144,12 +188,13 @@ def _paths(config: Config, v3: bool) -> dict[str, Any]:
                 "parameters": _params(v3),
             }
             continue
+        chosen = [_param("console", CONSOLE, v3, where="query")] if sub in CHOSEN else []
         paths[path] = {
             **{
                 METHODS[verb]: _operation(config, kind, sub, METHODS[verb], v3)
                 for verb in VERBS.get(sub, ["get"])
             },
-            "parameters": _params(v3),
+            "parameters": [*_params(v3), *chosen],
         }
     prefix = f"/apis/{config.group}/{config.version}"
     for path, operation, where, namespaced in (
@@ -183,7 +228,14 @@ def _schemas(config: Config, v3: bool) -> dict[str, Any]:
                 "properties": {"apiVersion": text, "kind": text, "name": text},
             },
             "subresource": text,
-            "mode": {**text, "description": "writer, observer, viewer or forwarder"},
+            "unit": {
+                **text,
+                "description": "which console (by name) or USB slot (by number) of the machine",
+            },
+            "mode": {
+                **text,
+                "description": "writer, observer, viewer, forwarder or redirector",
+            },
             "user": text,
             "dialect": text,
             "clientAddress": text,
@@ -208,12 +260,24 @@ def _schemas(config: Config, v3: bool) -> dict[str, Any]:
     }
     return {
         _definition(config, "Session"): session,
-        _definition(config, "SessionList"): _list(config, "Session", "Live sessions.", v3),
+        _definition(config, "SessionList"): _sessions(config, v3),
         _definition(config, "Recording"): recording,
         _definition(config, "RecordingList"): _list(
             config, "Recording", "A machine's recorded console sessions, newest first.", v3
         ),
     }
+
+
+def _sessions(config: Config, v3: bool) -> dict[str, Any]:
+    """A SessionList; a machine's also names its consoles."""
+    schema = _list(config, "Session", "Live sessions.", v3)
+    consoles = "a machine's consoles, the default first (`?console=NAME` picks one)"
+    schema["properties"]["consoles"] = {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": consoles,
+    }
+    return schema
 
 
 def _list(config: Config, kind: str, what: str, v3: bool) -> dict[str, Any]:

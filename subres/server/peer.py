@@ -12,6 +12,8 @@ internal CA, and `serving.tls.replica_caller` checks it names a replica.
   replica's recordings of a machine (`recordinglist` merges them).
 - `DELETE /peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}?user=&group=`:
   a moderator fronted by the caller ends the moderated session here (`moderate`).
+- `GET /peer/v1/log/{resource}/{namespace}/{name}`: the log of a console this
+  replica owns and keeps, whole or followed (`log` streams it through).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aiohttp.typedefs import Handler
 from subres.backends.peer import UPGRADE
 from subres.engine import upgrade
 from subres.kube.status import StatusError
+from subres.server import log as logs
 from subres.server import moderate, recordinglist, sessionlist
 from subres.server.state import State
 from subres.serving import certs, errors
@@ -49,6 +52,9 @@ def build(state: State) -> web.Application:
     app.router.add_get(recordings + "/{file}", functools.partial(recordinglist.local_one, state))
     moderated = "/peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}"
     app.router.add_delete(moderated, functools.partial(moderate.end_here, state))
+    app.router.add_get(
+        "/peer/v1/log/{resource}/{namespace}/{name}", functools.partial(logs.owned, state)
+    )
     return app
 
 
@@ -66,6 +72,8 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     ask = peer.parse(one, request.headers.getall("Subres-Group", []))
     prepared = await peer.prepare(state, ask)
     headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
+    if prepared.target.spec.name == "usbredir":
+        headers.append(("Subres-Unit", prepared.target.spec.unit))  # the slot it chose
     if prepared.held.seat is not None:
         headers.append(("Subres-Recorded", "true"))
     if prepared.target.spec.name == "console" and sharing.keeps_scrollback(state, prepared.target):

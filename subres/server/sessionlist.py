@@ -4,10 +4,11 @@
 `GET …/namespaces/NS/sessions` and `GET …/sessions` (RBAC: `list sessions`)
 answer a `SessionList`, or a `meta.k8s.io/v1` `Table` when the Accept header
 asks for one, as `kubectl get` does. A session says who (user), what
-(machine, subresource, mode: writer, observer, viewer or forwarder), since
-when, from where (the client address this replica saw) and how many bytes
-went each way so far. Every session has one front (the replica its client
-reached), which knows all of that; the replica asked lists its own and asks
+(machine, subresource and which of its consoles or USB slots, mode: writer,
+observer, viewer, forwarder or redirector), since when, from where (the
+client address this replica saw) and how many bytes went each way so far.
+Every session has one front (the replica its client reached), which knows
+all of that; the replica asked lists its own and asks
 every other replica for theirs (`fanout`), naming any that did not answer in
 a `Warning` header.
 """
@@ -30,14 +31,14 @@ from subres.server.state import State
 from subres.serving.units import human_age, human_bytes, rfc3339
 from subres.sessions.session import Live, Record
 
-__all__ = ["COLUMNS", "elsewhere", "for_machine", "for_namespace", "fronted", "item"]
+__all__ = ["COLUMNS", "elsewhere", "for_machine", "for_namespace", "fronted", "item", "unit"]
 
 TABLE = "as=Table"
 COLUMNS = (
     ("Name", "string", "name", "The session's name."),
     ("Machine", "string", "", "The parent object."),
-    ("Subresource", "string", "", "console, vnc or portforward."),
-    ("Mode", "string", "", "writer, observer, viewer or forwarder."),
+    ("Subresource", "string", "", "console (/its name, when several), vnc, usbredir/slot…"),
+    ("Mode", "string", "", "writer, observer, viewer, forwarder or redirector."),
     ("User", "string", "", "Who opened it."),
     ("Client", "string", "", "The client address the session's front replica saw."),
     ("Up", "string", "", "Bytes from the client to the machine so far."),
@@ -58,7 +59,8 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
     subresource.lookup(state, request, parent)
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     items, failed = await _items(state, Selector(namespace, parent.kind, name))
-    return _answer(state, request, items, failed)
+    consoles = [c.label for c in parent.all_consoles()]
+    return _answer(state, request, items, failed, consoles=consoles)
 
 
 async def for_namespace(state: State, request: web.Request) -> web.Response:
@@ -165,8 +167,14 @@ async def _items(state: State, selected: Selector) -> tuple[list[dict[str, Any]]
 
 
 def _answer(
-    state: State, request: web.Request, items: list[dict[str, Any]], failed: list[str]
+    state: State,
+    request: web.Request,
+    items: list[dict[str, Any]],
+    failed: list[str],
+    *,
+    consoles: list[str] | None = None,
 ) -> web.Response:
+    """The list (with a machine's: the names of its consoles, the default first)."""
     items.sort(key=lambda i: (i["metadata"]["namespace"], i["parent"]["name"], i["since"]))
     group_version = f"{state.config.group}/{state.config.version}"
     if TABLE in request.headers.get("Accept", ""):
@@ -177,6 +185,7 @@ def _answer(
             "apiVersion": group_version,
             "metadata": {"resourceVersion": ""},
             "items": items,
+            **({"consoles": consoles} if consoles is not None else {}),
         }
     return web.Response(
         body=json.dumps(body, separators=(",", ":")).encode(),
@@ -203,6 +212,7 @@ def item(state: State, record: Record, *, group_version: str) -> dict[str, Any]:
             "name": record.name,
         },
         "subresource": record.subresource,
+        "unit": unit(state, record),
         "mode": record.mode,
         "user": record.user,
         "dialect": record.dialect,
@@ -215,6 +225,15 @@ def item(state: State, record: Record, *, group_version: str) -> dict[str, Any]:
     }
 
 
+def unit(state: State, record: Record) -> str:
+    """Which console or USB slot: its name; the default console's only when there are others."""
+    if record.unit or record.subresource != "console":
+        return record.unit
+    parent = next((p for p in state.config.parents if p.kind == record.kind), None)
+    consoles = parent.all_consoles() if parent is not None else ()
+    return consoles[0].label if len(consoles) > 1 else ""
+
+
 def _table(items: list[dict[str, Any]], *, now: float) -> dict[str, Any]:
     columns = [
         {"name": name, "type": kind, "format": fmt, "description": what, "priority": 0}
@@ -225,7 +244,7 @@ def _table(items: list[dict[str, Any]], *, now: float) -> dict[str, Any]:
             "cells": [
                 i["metadata"]["name"],
                 i["parent"]["name"],
-                i["subresource"],
+                "/".join(filter(None, (str(i["subresource"]), str(i.get("unit") or "")))),
                 i["mode"],
                 i["user"],
                 i["clientAddress"],

@@ -7,6 +7,7 @@ after `dial` succeeds may a handler change protocols.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "Target",
     "checked",
     "connect",
+    "console",
     "dial",
     "endpoint_url",
     "forward_url",
@@ -93,6 +95,25 @@ def checked(
     return target
 
 
+def console(target: Target, name: str | None) -> Target:
+    """`target`, a console, as the parent's console called `name` (400 when it has none).
+
+    No name, or the default console's, is the default console. A console's own
+    state rules are checked as the default's were.
+    """
+    spec = target.parent.console(name or "")
+    if spec is None:
+        known = ", ".join(c.label for c in target.parent.all_consoles())
+        raise StatusError(
+            400, f"{target.describe()} has no console {(name or '')[:64]!r} (its consoles: {known})"
+        )
+    if spec is target.spec:
+        return target
+    chosen = dataclasses.replace(target, spec=spec)
+    _check(spec.requires, chosen.obj, chosen.describe())
+    return chosen
+
+
 def lookup(state: State, request: web.Request, parent: ParentSpec) -> Mapping[str, Any]:
     """The parent object the request names, from the cache (404 or 503 otherwise)."""
     return _cached(state, parent, request.match_info["namespace"], request.match_info["name"])
@@ -138,7 +159,7 @@ def _check(rules: tuple[Requirement, ...], obj: Mapping[str, Any], described: st
         if rule.message:
             raise StatusError(rule.code, f"{described}: {rule.message}")
         shown = "unset" if value is None else f'"{value}"'
-        wanted = " or ".join(map(str, rule.values))
+        wanted = " or ".join("unset" if v is None else str(v) for v in rule.values)
         verdict = f"is {wanted}" if rule.negate else f"is not {wanted}"
         raise StatusError(rule.code, f"{described} {verdict}: {rule.path} is {shown}")
 

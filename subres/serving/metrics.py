@@ -28,7 +28,7 @@ from subres.engine.pump import Traffic
 
 __all__ = ["SUBRESOURCES", "CacheStats", "Metrics", "request_kind"]
 
-SUBRESOURCES = frozenset({"console", "vnc", "screenshot", "portforward"})
+SUBRESOURCES = frozenset({"console", "vnc", "screenshot", "portforward", "usbredir", "log"})
 
 
 class CacheStats(Protocol):

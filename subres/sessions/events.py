@@ -1,4 +1,4 @@
-"""Kubernetes Events on the parent object when a console or display session opens and closes.
+"""Kubernetes Events on the parent object when a console, display or USB session opens and closes.
 
 `kubectl describe machine vm1` then shows "Console opened by alice" and
 "Console of alice closed after 5m (1.2 MiB): …". Events are best effort: they
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from subres.kube import client
 from subres.serving.metrics import Metrics
 from subres.serving.units import human_age, human_bytes, rfc3339
+from subres.sessions.registry import UNIT_WORDS
 
 __all__ = ["EventApi", "EventSettings", "Events", "KubeEvents", "NoEvents", "closed", "opened"]
 
@@ -36,8 +37,9 @@ WHAT = {
     ("vnc", "observer"): "VNC (view-only)",
     ("console", "moderator"): "Console moderation",
     ("vnc", "moderator"): "VNC moderation",
+    ("usbredir", "redirector"): "USB redirection",
 }
-REASONS = {"console": "Console", "vnc": "VNC"}
+REASONS = {"console": "Console", "vnc": "VNC", "usbredir": "USBRedir"}
 
 
 class Events(Protocol):
@@ -70,9 +72,19 @@ class NoEvents:
         """Nothing."""
 
 
+def _what(fields: Mapping[str, Any]) -> str | None:
+    """`Console`, `Console serial1 (read-only)`, `USB redirection slot 0`…, or None."""
+    what = WHAT.get((fields["subresource"], fields["mode"]))
+    unit = fields.get("unit")
+    if what is None or not unit:
+        return what
+    noun, paren, rest = what.partition(" (")
+    return f"{noun} {UNIT_WORDS.get(fields['subresource'], '')}{unit}{paren}{rest}"
+
+
 def opened(fields: Mapping[str, Any]) -> tuple[str, str] | None:
     """Reason and message for a session that started (`Record.fields()`), or None."""
-    what = WHAT.get((fields["subresource"], fields["mode"]))
+    what = _what(fields)
     if what is None:
         return None
     return f"{REASONS[fields['subresource']]}Opened", f"{what} opened by {fields['user']}"
@@ -80,7 +92,7 @@ def opened(fields: Mapping[str, Any]) -> tuple[str, str] | None:
 
 def closed(fields: Mapping[str, Any]) -> tuple[str, str] | None:
     """Reason and message for a session that ended, or None."""
-    what = WHAT.get((fields["subresource"], fields["mode"]))
+    what = _what(fields)
     if what is None:
         return None
     seconds = (fields["end"] or fields["start"]) - fields["start"]

@@ -8,7 +8,7 @@ writer's copy and in one piece (`OBSERVER_DELAY`). An observer that falls
 further behind than its bound is cut off and told why, so that it can
 neither slow the writer nor grow the server's memory. What an observer sends
 is dropped. Besides observers, a hub hands every chunk and resize to its
-`Sink`s (a recording) and keeps a bounded
+`Sink`s (a recording, `log` followers) and keeps a bounded
 `Scrollback` when the console is kept. A kept console's writer reads its own
 feed, which holds the kept connection back while the writer is slow, and
 writes through a `KeptPort`.
@@ -61,6 +61,9 @@ class Sink(Protocol):
 
     def marker(self, text: str) -> None:
         """Something happened worth a note: who attached, who took over."""
+
+    def let_go(self) -> None:
+        """The console is no longer kept (its log followers end)."""
 
 
 class Kept(Protocol):
@@ -409,6 +412,8 @@ class Hub:
         if self.keeper is keeper:
             self.keeper = None
             self.scrollback = None
+            for sink in list(self.sinks):
+                sink.let_go()
             self._check_idle()
 
     def add_sink(self, sink: Sink) -> None:

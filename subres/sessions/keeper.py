@@ -32,8 +32,9 @@ import asyncio
 import collections
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
+from subres.config import ParentSpec
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.sessions import fairness, sharing
@@ -69,7 +70,9 @@ class KeptConsole:
         self._state = state
         self._backend: ByteStream | None = None
         self.hub = sharing.hub(state, target)
-        self.hub.keep(self, Scrollback(state.config.consoles.scrollback))
+        self.scrollback = Scrollback(state.config.consoles.scrollback)
+        """What the console printed (its log: `previous` begins at the last redial)."""
+        self.hub.keep(self, self.scrollback)
         self.task = asyncio.create_task(self._run(), name=f"keep {self.key}")
 
     @property
@@ -106,6 +109,7 @@ class KeptConsole:
             log.info("%s: not kept for now: %s", self.key, exc.message)
             return
         self._backend = backend
+        self.scrollback.connected()
         self.hub.source = self
         log.info("%s: kept", self.key)
         kept = self._state.metrics.consoles_kept
@@ -209,24 +213,29 @@ class Keeper:
     def _candidates(self) -> dict[str, list[Target]]:
         """The consoles this replica owns that opt in and pass their checks, by namespace,
         in name order."""
-        limits = self._state.config.consoles
         owners = self._state.owners
         found: dict[str, list[Target]] = collections.defaultdict(list)
         for parent in self._state.config.parents:
-            spec = parent.subresources.get("console")
-            if spec is None or spec.keep == "never":
-                continue
-            for obj in sorted(self._state.backends.objects(parent), key=_name):
-                if not spec.opted_in(spec.keep, obj, limits.keep_annotation):
+            for target in self._opted_in(parent):
+                if owners.mine(targets.key(target)):
+                    found[target.namespace].append(target)
+        return found
+
+    def _opted_in(self, parent: ParentSpec) -> Iterator[Target]:
+        """Each console of `parent`'s objects that opts in and passes its checks, in order."""
+        consoles = [c for c in parent.all_consoles() if c.keep != "never"]
+        if not consoles:
+            return
+        annotation = self._state.config.consoles.keep_annotation
+        for obj in sorted(self._state.backends.objects(parent), key=_name):
+            namespace, name = _name(obj)
+            for spec in consoles:
+                if not spec.opted_in(spec.keep, obj, annotation):
                     continue
-                namespace, name = _name(obj)
                 try:
-                    target = self._state.backends.checked(parent, spec, namespace, name)
+                    yield self._state.backends.checked(parent, spec, namespace, name)
                 except StatusError:
                     continue
-                if owners.mine(targets.key(target)):
-                    found[namespace].append(target)
-        return found
 
     def _warn(self, limit: int, per_namespace: int) -> None:
         if not self._warned:

@@ -9,7 +9,7 @@ dials or attaches as a session of its own would (`prepare`), answers 101
 and relays (`serve`). The request carries, as headers:
 
     Subres-Unit: machines/console/default/vm1[/console name]
-    Subres-Mode: writer | observer | viewer
+    Subres-Mode: writer | observer | viewer | redirector
     Subres-User, Subres-Group (repeated), Subres-Client, Subres-Request-Id
     Subres-Front: the front replica's name
     Subres-Preserve: true     (preserveSession)
@@ -21,7 +21,8 @@ differ for a moment), on which the front looks again and retries once. After
 101 the owner relays frames (`protocol.relay`, CLOSE when it ends the session:
 a takeover is 4001 with its reason). The front writes the audit lines,
 metrics and Events; the owner holds the slot and writes the recording (its
-101 says `Subres-Recorded: true`).
+101 says `Subres-Recorded: true`). For USB redirection the owner of the
+machine's slots chooses one and says which in its 101 (`Subres-Unit: 0`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,19 @@ from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.protocol import relay
 from subres.protocol.channels import TerminalSize
-from subres.sessions import recordings, sharing
+from subres.sessions import recordings, sharing, usbslots
 from subres.sessions.registry import SessionKey
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import MODERATOR, OBSERVER, VIEWER, WRITER, Hold, busy, hold
+from subres.sessions.session import (
+    MODERATOR,
+    OBSERVER,
+    REDIRECTOR,
+    VIEWER,
+    WRITER,
+    Hold,
+    busy,
+    hold,
+)
 from subres.sessions.target import Target, key
 
 __all__ = [
@@ -63,7 +73,11 @@ log = logging.getLogger(__name__)
 
 NOT_OWNER = 421
 """The owner's answer when it does not think it owns the unit."""
-MODES = {"console": (WRITER, OBSERVER, MODERATOR), "vnc": (VIEWER, OBSERVER, MODERATOR)}
+MODES = {
+    "console": (WRITER, OBSERVER, MODERATOR),
+    "vnc": (VIEWER, OBSERVER, MODERATOR),
+    "usbredir": (REDIRECTOR,),
+}
 """The subresources served by their unit's owner, and their modes."""
 
 
@@ -99,8 +113,8 @@ def headers(ask: Ask) -> list[tuple[str, str]]:
     """The peer request's headers for `ask`."""
     unit = ask.unit
     parts = [unit.resource, unit.subresource, unit.namespace, unit.name]
-    if unit.console:
-        parts.append(unit.console)
+    if unit.unit:
+        parts.append(unit.unit)
     out = [
         ("Subres-Unit", "/".join(parts)),
         ("Subres-Mode", ask.mode),
@@ -195,18 +209,28 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
     if not state.owners.mine(ask.unit):
         raise StatusError(NOT_OWNER, f"the replica {state.replica} does not own the {ask.unit}")
     parent = state.config.parent(ask.unit.resource)
-    spec = parent.subresources.get(ask.unit.subresource) if parent is not None else None
+    spec = None
+    if parent is not None:
+        spec = parent.subresources.get(ask.unit.subresource)
+        if ask.unit.subresource == "console":
+            spec = parent.console(ask.unit.unit)
     if parent is None or spec is None:
-        raise StatusError(404, f"no {ask.unit.subresource} of {ask.unit.resource} here")
+        raise StatusError(404, f"no {ask.unit} of {ask.unit.resource} here")
     target = state.backends.checked(parent, spec, ask.unit.namespace, ask.unit.name)
     if ask.preserve and state.sessions.active(ask.unit):
         raise busy(target)  # without dialing
-    backend = await _backend(state, target, ask)
+    if spec.name == "usbredir":
+        target, url = usbslots.choose(
+            state.sessions, target, usbslots.slots(target), preserve=ask.preserve
+        )
+        backend: ByteStream = await state.backends.connect(target, url)
+    else:
+        backend = await _backend(state, target, ask)
     held = hold(
         state,
         ask.who.user,
         target=target,
-        exclusive=ask.mode in (WRITER, VIEWER),
+        exclusive=ask.mode in (WRITER, VIEWER, REDIRECTOR),
         preserve=ask.preserve,
         mode=ask.mode,
         via=ask.front,

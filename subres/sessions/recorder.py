@@ -110,6 +110,9 @@ class Recorder:
         self._size = size
         self._add(self._roll().resize(self._clock(), size.width, size.height))
 
+    def let_go(self) -> None:
+        """A recording follows its sessions, not the keeper: it goes on."""
+
     def marker(self, text: str) -> None:
         """A note in the recording: who attached, who left."""
         self._add(self._roll().marker(self._clock(), text))

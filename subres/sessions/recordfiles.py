@@ -1,6 +1,6 @@
 """Recordings on disk: where each one lives, and every file touched without following a link.
 
-Layout: `DIR/NAMESPACE/RESOURCE/NAME/UID/STAMP-ID[.audit][.N].cast` (a
+Layout: `DIR/NAMESPACE/RESOURCE/NAME/UID/STAMP-[CONSOLE-]ID[.audit][.N].cast` (a
 console's, asciicast) and `….display` (a display's, `protocol.displayrec`).
 
 - The namespace comes first: a namespace's recordings are one subtree,
@@ -38,8 +38,12 @@ from typing import BinaryIO
 
 __all__ = ["FILE_NAME", "Folder", "RecordingFile", "RecordingLost", "Store", "folder"]
 
-FILE_NAME = re.compile(r"\A\d{8}T\d{6}Z-[0-9a-f]{8}(\.audit)?(\.\d{1,6})?\.(cast|display)\Z")
-"""What a recording's file name looks like; nothing else is ever opened."""
+FILE_NAME = re.compile(
+    r"\A\d{8}T\d{6}Z-(?:[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?-)?[0-9a-f]{8}"
+    r"(\.audit)?(\.\d{1,6})?\.(cast|display)\Z"
+)
+"""What a recording's file name looks like (`STAMP-[CONSOLE-]ID…`, the console named when it is
+not the machine's default one); nothing else is ever opened."""
 AUDIT = ".audit"
 _LABEL = re.compile(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _NAME = re.compile(r"\A[^/\x00]{1,253}\Z")

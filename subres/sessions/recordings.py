@@ -17,7 +17,8 @@ namespace, its folder removed or its volume unmounted) ends every session
 in it with close code 4003 and the reason (`Seat.bind`). Other recordings go
 on unrecorded and say so in the log.
 
-Files live per object (`recordfiles`: namespace, resource, name, uid); one
+Files live per object (`recordfiles`: namespace, resource, name, uid), a
+machine's console other than its default one named in the file's name; one
 larger than `maxFileBytes` goes on in a next part, each playable on its own.
 One task writes them all, every `FLUSH_INTERVAL`, in a worker thread (a slow
 disk holds no session back), whole batches at a time (`recordfile`): after a
@@ -60,6 +61,7 @@ from subres.sessions.hub import Closer
 from subres.sessions.recordfile import AppendOnly, complete_lines, identity, repair
 from subres.sessions.recordfiles import AUDIT, Folder, RecordingFile, Store
 from subres.sessions.registry import SessionKey
+from subres.sessions.target import Target
 
 __all__ = [
     "BANNER",
@@ -70,6 +72,7 @@ __all__ = [
     "Recordings",
     "Seat",
     "doomed",
+    "title",
 ]
 
 log = logging.getLogger(__name__)
@@ -260,7 +263,9 @@ class Recordings:
 
     async def _begin(self, live: _Live, *, start: Start, audit: bool) -> _Live | None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-        name = f"{stamp}-{secrets.token_hex(4)}{AUDIT if audit else ''}"
+        # A machine's console other than its default one is named in the file's name.
+        unit = f"{live.key.unit}-" if live.key.unit else ""
+        name = f"{stamp}-{unit}{secrets.token_hex(4)}{AUDIT if audit else ''}"
         try:
             live.recording = await start(
                 Path(name + SUFFIXES[live.key.subresource]), self._quota(live)
@@ -528,6 +533,13 @@ def doomed(
             doomed.append(file)
             sizes[namespace] -= file.size
     return doomed
+
+
+def title(target: Target) -> str:
+    """A recording's title: `Machine default/vm1 console` (`… console serial1` for another,
+    `… vnc` for the display)."""
+    unit = f" {target.spec.unit}" if target.spec.unit else ""
+    return f"{target.describe()} {target.spec.name}{unit}"
 
 
 def _complete(file: RecordingFile) -> Callable[[BinaryIO, int], int]:

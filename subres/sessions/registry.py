@@ -23,24 +23,41 @@ sessions of the units this replica no longer owns.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from subres.engine.websocket import CloseCode
 from subres.sessions.hub import Hub
 from subres.sessions.moderation import Gate
 
-__all__ = ["Busy", "Claim", "Closable", "LiveSession", "SessionKey", "Sessions"]
+__all__ = [
+    "OWNED_TOGETHER",
+    "UNIT_WORDS",
+    "Busy",
+    "Claim",
+    "Closable",
+    "LiveSession",
+    "SessionKey",
+    "Sessions",
+]
+
+
+UNIT_WORDS = {"usbredir": "slot "}
+"""How a unit is named in words where its bare name says too little (`usbredir slot 0`)."""
+OWNED_TOGETHER = frozenset({"usbredir"})
+"""Subresources whose units of one machine one replica owns together (it picks among them)."""
 
 
 @dataclass(frozen=True)
 class SessionKey:
-    """Which unit: parent resource, subresource, namespace, name and console.
+    """One unit of a machine: a console (by name), its display, a USB slot.
 
     A unit is one exclusive session slot, and what one replica owns
-    (`sessions.members`): every replica derives the same owner from it.
+    (`sessions.members`): every replica derives the same owner from it. Build
+    it from a request's target with `sessions.target.key`, the one place.
     """
 
     resource: str
@@ -48,16 +65,27 @@ class SessionKey:
     subresource: str
     namespace: str
     name: str
-    console: str = ""
-    """Which of the machine's consoles; empty for its one console (and for a display)."""
+    unit: str = ""
+    """Which of the machine's units of this subresource: a console's name (`serial1`), a
+    usbredir slot's number (`0`); "" for a machine's only one, or its default console."""
+
+    def role(self, subresource: str) -> SessionKey:
+        """The same unit under another slot name (`console-keeper`: who keeps a console)."""
+        return replace(self, subresource=subresource)
 
     def __str__(self) -> str:
-        which = f" {self.console}" if self.console else ""
-        return f"{self.subresource}{which} of {self.namespace}/{self.name}"
+        what = self.subresource
+        if self.unit:
+            what += f" {UNIT_WORDS.get(self.subresource, '')}{self.unit}"
+        return f"{what} of {self.namespace}/{self.name}"
 
     def hashed(self) -> bytes:
-        """The key as bytes for rendezvous hashing: the same on every replica."""
-        parts = (self.resource, self.subresource, self.namespace, self.name, self.console)
+        """The key as bytes for rendezvous hashing: the same on every replica.
+
+        A machine's USB slots are owned together: one replica chooses among them.
+        """
+        unit = "" if self.subresource in OWNED_TOGETHER else self.unit
+        parts = (self.resource, self.subresource, self.namespace, self.name, unit)
         return "\0".join(parts).encode()
 
 
@@ -98,6 +126,8 @@ class Claim:
     """Why the slot was taken from this claim, once it was."""
     took_over: str = ""
     """Whose session this claim took the slot from, when it took one here."""
+    since: float = field(default_factory=time.monotonic)
+    """When the claim was made (the local clock): the oldest is taken over first."""
 
 
 @dataclass
@@ -124,6 +154,11 @@ class Sessions:
     def active(self, key: SessionKey) -> bool:
         """True while a session holds `key` (on this replica, which owns it)."""
         return key in self.exclusive
+
+    def since(self, key: SessionKey) -> float | None:
+        """When this replica's session on `key` claimed it (the local clock); None if none does."""
+        claim = self.exclusive.get(key)
+        return claim.since if claim is not None else None
 
     async def claim(self, key: SessionKey, *, user: str, preserve: bool = False) -> Claim:
         """Take the slot `key` for a new session of `user`, taking it from any holder.

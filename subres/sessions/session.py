@@ -30,7 +30,8 @@ should cost no frame.
 
 Every session has a mode: a console's `writer` (one at a time) or
 `observer` (any number, read-only), a display's interactive `viewer` (one at
-a time) or view-only `observer`, a port-forward's `forwarder`.
+a time) or view-only `observer`, a port-forward's `forwarder`, a USB slot's
+`redirector` (one at a time).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ __all__ = [
     "FORWARDER",
     "MODERATOR",
     "OBSERVER",
+    "REDIRECTOR",
     "VIEWER",
     "WRITER",
     "Hold",
@@ -81,7 +83,13 @@ OBSERVER = "observer"
 VIEWER = "viewer"
 FORWARDER = "forwarder"
 MODERATOR = "moderator"
-DEFAULT_MODES = {"console": WRITER, "vnc": VIEWER, "portforward": FORWARDER}
+REDIRECTOR = "redirector"
+DEFAULT_MODES = {
+    "console": WRITER,
+    "vnc": VIEWER,
+    "portforward": FORWARDER,
+    "usbredir": REDIRECTOR,
+}
 
 
 @dataclass
@@ -90,7 +98,7 @@ class Record:
 
     subresource: str
     mode: str
-    """writer, observer, viewer or forwarder."""
+    """writer, observer, viewer, forwarder or redirector."""
     dialect: str
     """The negotiated subprotocol or stream protocol; "raw" for none."""
     kind: str
@@ -101,6 +109,8 @@ class Record:
     client: str
     """The client's address as this server sees it (kube-apiserver's, behind it)."""
     request_id: str
+    unit: str = ""
+    """Which of the machine's consoles or USB slots; "" where it has one of the kind."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """This session's own name, unique and safe to show (request ids come from clients)."""
     recorded: bool = False
@@ -126,6 +136,7 @@ class Record:
         outcome = self.outcome
         return {
             "subresource": self.subresource,
+            "unit": self.unit,
             "mode": self.mode,
             "dialect": self.dialect,
             "kind": self.kind,
@@ -329,23 +340,23 @@ class Hold:
     async def _join(self) -> Seat | None:
         """Join the recording when the console or display is recorded (503 if required and
         it cannot start)."""
-        target, recordings = self.target, self.state.recordings
-        if not recordings.wanted(target.spec, target.obj):
+        target, kept = self.target, self.state.recordings
+        if not kept.wanted(target.spec, target.obj):
             return None
         try:
-            seat = await recordings.join(
+            seat = await kept.join(
                 key(target),
                 where=recorded.folder(target),
                 audit=target.spec.record in ("always", "required"),
                 start=self._start,
                 who=f"{self.user} ({self.mode}{f', via {self.via}' if self.via else ''})",
-                what=f"{target.describe()} {target.spec.name}",
+                what=recordings.title(target),
                 required=target.spec.record == "required",
             )
         except RecordingUnavailable as exc:
             raise StatusError(503, str(exc)) from None
         if seat is not None and self.claim is not None and self.claim.took_over:
-            recordings.marker(seat, f"{self.user} took over from {self.claim.took_over}")
+            kept.marker(seat, f"{self.user} took over from {self.claim.took_over}")
         return seat
 
     async def _start(self, path: Path, quota: Quota) -> Recording:
@@ -359,7 +370,7 @@ class Hold:
         target, config = self.target, self.state.config
         recorder = DisplayRecorder(
             path,
-            title=f"{target.describe()} vnc",
+            title=recordings.title(target),
             max_file=config.consoles.max_recording_bytes,
             rate=config.consoles.display_rate,
             quota=quota,
@@ -383,7 +394,7 @@ class Hold:
         )
         recorder = Recorder(
             path,
-            title=f"{target.describe()} console",
+            title=recordings.title(target),
             max_file=self.state.config.consoles.max_recording_bytes,
             size=hub.size,
             on_close=hub.remove_sink,
@@ -466,6 +477,7 @@ def record(target: Target, who: Who, *, dialect: str, mode: str = "") -> Record:
         groups=who.groups,
         client=who.client,
         request_id=who.request_id,
+        unit=target.spec.unit,
     )
 
 

@@ -1,9 +1,10 @@
 """What a session is of: a checked parent and its subresource (`Target`), and its unit.
 
 A *unit* (`SessionKey`) is what one replica owns for all of them: a
-console of a machine, its display. Its key names the parent resource, the
-subresource, the namespace, the name and, for machines with several, the
-console (empty for the one console every machine has today).
+console of a machine, its display, its USB slots. Its key names the parent
+resource, the subresource, the namespace, the name and, for machines with
+several, which one: a console's name (empty for the default console), a USB
+slot's number.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ class Target:
 
 
 def key(target: Target) -> SessionKey:
-    """`target`'s unit: the exclusive slot of its subresource, and what one replica owns."""
-    return SessionKey(target.parent.resource, target.spec.name, target.namespace, target.name)
+    """`target`'s unit: the exclusive slot of its subresource (a console of it, a USB slot),
+    and what one replica owns. The one place a key is built from a request."""
+    spec = target.spec
+    return SessionKey(target.parent.resource, spec.name, target.namespace, target.name, spec.unit)
 
 
 def endpoint_url(target: Target) -> str:

@@ -10,8 +10,10 @@ gives for that moment.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from subres.protocol import displayrec
@@ -22,7 +24,7 @@ from tests.examples.test_qemu_vm import (
     example_policy,
     free_port,
     read_until,
-    running_vm,
+    run_script,
     shell_computes,
 )
 from tests.server.test_vnc_shared import Viewer
@@ -36,6 +38,17 @@ CANVAS_DIGEST = """(async () => {
   const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', rgb));
   return Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
 })()"""
+
+
+@contextlib.asynccontextmanager
+async def running_vm(state: Path, port: int) -> AsyncIterator[None]:
+    """The example's VM, started and stopped by its script."""
+    output = await run_script("start", str(state), str(port))
+    assert (state / "qemu.pid").exists(), output
+    try:
+        yield
+    finally:
+        await run_script("stop", str(state))
 
 
 def pictures(data: bytes) -> dict[int, str]:

@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from subres.config import USB_SLOTS
 from tests.kubevirt import Backends, backends, profile, short_dir, vm, vmi
 from tests.server.test_vnc_shared import Viewer
 from tests.support import Standalone, start_standalone
+from tests.usbredir import FakeSlot
 from tests.virtctl import Virtctl
 
 UID = "7d0e3f52-9c1b-4a8e-b6f4-2e5d8c1a9b30"
@@ -41,13 +43,20 @@ async def setup(virtctl_bin: Path, tmp_path: Path) -> AsyncIterator[Setup]:
             (sockets / LATER).mkdir()
             (sockets / LATER / "virt-serial0").symlink_to(sockets / UID / "virt-serial0")
             objects = [
-                vmi("vm1", UID, owner="vm1-uid"),
+                vmi("vm1", UID, owner="vm1-uid", devices={"clientPassthrough": {}}),
                 vm("vm1", "vm1-uid"),
                 vmi("later", LATER, phase="Scheduling"),
             ]
             async with start_standalone(sockets, *objects, config=profile(sockets)) as subres:
                 virtctl = Virtctl(virtctl_bin, subres.kubeconfig(), tmp_path)
                 yield Setup(subres, virtctl, b, objects)
+
+
+async def test_usbredir_no_launch_reaches_the_slot_and_a_second_takes_it_over(
+    setup: Setup,
+) -> None:
+    await setup.virtctl.usbredir_takeover("vm1", device=FakeSlot.VERSION, slots=USB_SLOTS)
+    assert [slot.accepted for slot in setup.backends.usb] == [2, 1, 1, 1]
 
 
 async def test_version_reads_the_profiles_document(setup: Setup) -> None:

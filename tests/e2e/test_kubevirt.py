@@ -22,11 +22,13 @@ from typing import Any
 import pytest
 import yaml
 
+from subres.config import USB_SLOTS
 from tests.e2e import subresserver
 from tests.e2e.controlplane import ControlPlane, poll, run_sync
 from tests.e2e.subresserver import Subres
 from tests.gotools import virtctl
 from tests.kubevirt import EXAMPLE, Backends, backends, profile, short_dir, vm, vmi
+from tests.usbredir import FakeSlot
 from tests.virtctl import TIMEOUT, Virtctl
 
 NS = "e2e-kubevirt"
@@ -133,7 +135,8 @@ async def machine(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Machine]:
     name = f"vm{next(_names)}"
     plane = cluster.plane
     vm_uid = await create(plane, vm(name, namespace=NS))
-    uid = await create(plane, vmi(name, owner=vm_uid, namespace=NS))
+    passthrough: dict[str, Any] = {"clientPassthrough": {}}
+    uid = await create(plane, vmi(name, owner=vm_uid, namespace=NS, devices=passthrough))
     async with backends(cluster.sockets, uid) as b:
         alice = Virtctl(virtctl(), plane.kubeconfig_for("alice"), tmp_path, namespace=NS)
         await _wait_served(alice, name)
@@ -158,6 +161,10 @@ async def test_version_through_kube_apiserver(cluster: Cluster, tmp_path: Path) 
 
 async def test_console_typing(machine: Machine) -> None:
     await machine.virtctl.console_types(machine.name)
+
+
+async def test_usbredir_no_launch_each_slot_then_a_takeover(machine: Machine) -> None:
+    await machine.virtctl.usbredir_takeover(machine.name, device=FakeSlot.VERSION, slots=USB_SLOTS)
 
 
 async def test_console_with_timeout_waits_for_running(cluster: Cluster, tmp_path: Path) -> None:

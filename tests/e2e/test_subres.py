@@ -50,10 +50,11 @@ NS = "e2e-subres"
 USERS_GROUP = "subres:users"
 API = f"/apis/{GROUP}/{VERSION}"
 SUBRESOURCES = {
-    *("console", "vnc", "screenshot", "portforward"),
-    *("console-observe", "vnc-observe", "recordings", "sessions"),
+    *("console", "vnc", "screenshot", "portforward", "usbredir"),
+    *("console-observe", "vnc-observe", "log", "recordings", "sessions"),
 }
-"""The streams, their read-only shares, and the reads of recordings and of who holds what."""
+"""The streams, their read-only shares, and the reads of console logs, recordings and of
+who holds what."""
 DISCOVERY_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
 REFLECT_TIMEOUT_S = 15.0

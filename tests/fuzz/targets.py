@@ -23,7 +23,15 @@ import yaml
 
 from subres import config, fields
 from subres.backends import addresses, endpoint
-from subres.protocol import channels, displayrec, portforward_spdy, portforward_ws, rfb, rfbwatch
+from subres.protocol import (
+    channels,
+    consolelog,
+    displayrec,
+    portforward_spdy,
+    portforward_ws,
+    rfb,
+    rfbwatch,
+)
 from subres.protocol.spdy import errors as spdy_errors
 from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
@@ -306,14 +314,16 @@ _KEYS = {
     "": ["group", "version", "parents", "endpointPolicy", "session", "endpointsFromSpec"],
     "parents": ["resource", "kind", "source", "subresources", "instance", "singular"],
     "source": ["group", "version", "resource"],
-    "subresources": ["console", "vnc", "screenshot", "portforward", "other"],
-    "console": ["endpoint", "address", "ports", "require", "ssh"],
+    "subresources": ["console", "vnc", "screenshot", "portforward", "usbredir", "other"],
+    "console": ["endpoint", "address", "ports", "require", "ssh", "name", "consoles", "slots"],
+    "consoles": ["serial1", "sol", "serial0", "Bad", "console"],
     "ssh": ["credentials", "hostKey", "command", "term", "via"],
     "endpointPolicy": ["schemes", "allowCIDRs", "denyCIDRs", "socketDirs"],
     "session": ["pingInterval", "readSize", "screenshotMaxPixels", "screenshotConcurrency"],
 }
 _LEAVES: list[Any] = [
     ".status.a", ".spec.a", "unix:///run/{.metadata.uid}/s", "any", "10.0.0.0/8", "::/0",
+    "unix:///run/{.metadata.uid}/usb-{slot}", "serial1", 4,
     "bad/99", 0, -1, 1, 1.5, True, None, "", [], {}, 1e400, "{", ".a[", [".status.phase"],
 ]  # fmt: skip
 
@@ -349,6 +359,51 @@ def config_loader(data: bytes) -> None:
     assert loaded.parents and all(p.resource for p in loaded.parents), (document, loaded)
 
 
+# -- the console log ----------------------------------------------------------------------
+
+_LOG_OPTIONS = [
+    "follow", "tailLines", "sinceSeconds", "sinceTime", "limitBytes", "timestamps", "previous",
+    "console", "other",
+]  # fmt: skip
+_LOG_VALUES = [
+    "true", "1", "F", "0", "-1", "20", "9" * 18, "9" * 19, "", "2024-05-01T10:02:03.5Z",
+    "0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59.999999999-23:59", "serial1", "..",
+]  # fmt: skip
+
+
+def console_log(data: bytes) -> None:
+    """`log`'s query options, and the text of kept output: lines, stamps and byte limits."""
+    fdp = atheris.FuzzedDataProvider(data)
+    query = {}
+    for _ in range(fdp.ConsumeIntInRange(0, 5)):
+        name = fdp.PickValueInList(_LOG_OPTIONS)
+        query[name] = (
+            fdp.PickValueInList(_LOG_VALUES) if fdp.ConsumeBool()
+            else fdp.ConsumeUnicodeNoSurrogates(40)
+        )  # fmt: skip
+    try:
+        options = consolelog.parse(query, now_ns=fdp.ConsumeIntInRange(0, 1 << 62))
+    except consolelog.OptionError:
+        options = consolelog.LogOptions(
+            tail_lines=fdp.ConsumeIntInRange(0, 8) if fdp.ConsumeBool() else None,
+            timestamps=fdp.ConsumeBool(),
+            limit_bytes=fdp.ConsumeIntInRange(1, 400) if fdp.ConsumeBool() else None,
+        )
+    text = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 400))
+    offsets = sorted({0, *(fdp.ConsumeIntInRange(0, max(0, len(text) - 1)) for _ in range(3))})
+    times = sorted(fdp.ConsumeIntInRange(-(1 << 62), 1 << 62) for _ in offsets)
+    out = consolelog.render(consolelog.Excerpt(text, offsets, times), options)
+    assert options.limit_bytes is None or len(out) <= options.limit_bytes
+    if not options.timestamps and options.limit_bytes is None:
+        assert text.endswith(out)
+    stamper = consolelog.Stamper(options, sent=len(out))
+    followed = b"".join(stamper.feed(chunk, 0) for chunk in chunks(fdp, text))
+    if options.limit_bytes is not None:
+        assert len(out) + len(followed) <= max(options.limit_bytes, len(out))
+    elif not options.timestamps:
+        assert followed == text
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "spdy": spdy,
     "spdy-headers": spdy_headers,
@@ -359,6 +414,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "display-recording": display_recording,
     "endpoints": endpoints,
     "config": config_loader,
+    "console-log": console_log,
     **hostile.TARGETS,
 }
 """Every target by the name `python -m tests.fuzz` takes."""

@@ -59,7 +59,9 @@ async def test_resource_list_names_every_subresource(http: Client) -> None:
         "machines/vnc-observe": ["get"],
         "machines/screenshot": ["get"],
         "machines/portforward": ["create", "get"],
+        "machines/usbredir": ["get"],
         "machines/sessions": ["get"],
+        "machines/log": ["get"],
         "machines/recordings": ["get"],
         "sessions": ["list"],
     }
@@ -93,6 +95,8 @@ async def test_aggregated_discovery_etag_and_304(http: Client) -> None:
         "vnc-observe",
         "screenshot",
         "portforward",
+        "usbredir",
+        "log",
         "recordings",
         "sessions",
     }

@@ -124,6 +124,30 @@ async def test_events_on_the_machine_say_who_opened_and_closed_it(
     assert (opened["type"], opened["source"]) == ("Normal", {"component": "subres"})
 
 
+async def test_usbredir_events_name_the_slot(tmp_path: Path, backend: Backend) -> None:
+    async with cluster(tmp_path) as (fake, server):
+        fake.allow = lambda spec: True
+        status = {"usbredir": {"endpoints": [backend.url]}}
+        await fake.put(with_uid(machine("vm", status=status), "uid-vm"))
+        await wait_for(lambda: server.state.caches["machines"].get("default", "vm") is not None)
+        url = f"wss://127.0.0.1:{server.port}/apis/{GROUP_VERSION}/namespaces/default/machines/vm"
+        async with websockets.connect(
+            f"{url}/usbredir",
+            ssl=client_ssl(tmp_path),
+            additional_headers={"Authorization": "Bearer alice-token"},
+        ) as ws:
+            await ws.send(b"usb")
+            assert await asyncio.wait_for(ws.recv(), 5) == b"usb"
+        await fake.wait(lambda: len(fake.events) == 2)
+    opened, closed = fake.events
+    assert (opened["reason"], opened["message"]) == (
+        "USBRedirOpened",
+        "USB redirection slot 0 opened by alice",
+    )
+    assert closed["reason"] == "USBRedirClosed"
+    assert closed["message"].startswith("USB redirection slot 0 of alice closed after 0s (6 B)")
+
+
 async def test_refused_events_never_break_a_session(tmp_path: Path, backend: Backend) -> None:
     async with cluster(tmp_path) as (fake, server):
         fake.allow = lambda spec: True

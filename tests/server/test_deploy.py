@@ -39,6 +39,9 @@ def test_manifests_hold_the_contract() -> None:
     user = docs[("ClusterRole", "subres-machine-user")]["rules"][0]
     assert set(user["verbs"]) == {"get", "create"}
     assert "machines/portforward" in user["resources"]
+    editors = docs[("ClusterRole", "subres-machine-user")]["rules"]
+    usb = {"apiGroups": ["subresources.subres.dev"], "resources": ["machines/usbredir"]}
+    assert {**usb, "verbs": ["get"]} in editors
     viewer = docs[("ClusterRole", "subres-screenshot-viewer")]["rules"][0]
     assert (viewer["resources"], viewer["verbs"]) == (["machines/screenshot"], ["get"])
     pod = docs[("Deployment", "subres")]["spec"]
@@ -291,6 +294,7 @@ def test_observing_is_granted_apart_from_typing_and_recordings_apart_from_both()
         "machines/vnc-observe",
         "machines/screenshot",
         "machines/sessions",
+        "machines/log",
         "sessions",
     }
     assert "labels" not in docs[("ClusterRole", "subres-machine-observer")]["metadata"]
@@ -307,6 +311,9 @@ def test_observing_is_granted_apart_from_typing_and_recordings_apart_from_both()
         }
     ]
     assert reader["metadata"]["labels"] == {"rbac.authorization.k8s.io/aggregate-to-admin": "true"}
+    logs = docs[("ClusterRole", "subres-machine-log-reader")]
+    assert logs["metadata"]["labels"] == {"rbac.authorization.k8s.io/aggregate-to-view": "true"}
+    assert [(r["resources"], r["verbs"]) for r in logs["rules"]] == [(["machines/log"], ["get"])]
     events = docs[("ClusterRole", "subres:session-events")]["rules"]
     assert events == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     binding = docs[("ClusterRoleBinding", "subres:session-events")]

@@ -8,6 +8,7 @@ driven against the same setup in tests/cli/test_virtctl.py.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -19,10 +20,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 from PIL import Image
+from websockets.asyncio.client import ClientConnection
 
 from subres.demo.vnc import VncServer
 from tests.kubevirt import profile, short_dir, vm, vmi
 from tests.support import Backend, Standalone, start_standalone
+from tests.usbredir import FakeSlot, parse_hello
 
 PLAIN = "plain.kubevirt.io"
 
@@ -42,6 +45,8 @@ class Cluster:
 
 
 UID = "5f0c2b8e-1f4e-4c59-9d1a-6b7f3c2a9e01"
+USB: dict[str, object] = {"clientPassthrough": {}}
+"""What turns a VMI's USB redirection on (KubeVirt's spec.domain.devices)."""
 
 
 @pytest.fixture
@@ -69,6 +74,8 @@ async def kubevirt(sockets: Path) -> AsyncIterator[Cluster]:
         vm("orphan", "vm-uid-orphan"),
         vmi("orphan", "uid-orphan", owner="someone-else"),
         vm("novmi", "vm-uid-novmi"),
+        vmi("usb", UID, devices=USB),
+        vmi("usbpending", "uid-usbpending", phase="Scheduling", devices=USB),
     ]
     try:
         async with start_standalone(sockets, *objects, config=profile(sockets)) as subres:
@@ -152,6 +159,8 @@ VMS = "virtualmachines"
             'virtualmachineinstances.kubevirt.io "novmi" not found',
         ),
         (f"{VMS}/nosuch/portforward/22", 404, 'virtualmachines.kubevirt.io "nosuch" not found'),
+        (f"{VMIS}/vm1/usbredir", 409, "Not configured with USB Redirection"),
+        (f"{VMIS}/usbpending/usbredir", 400, "VMI is not running"),
     ],
 )
 async def test_refusals_carry_virt_apis_codes(
@@ -160,6 +169,36 @@ async def test_refusals_carry_virt_apis_codes(
     got = await refused(kubevirt.subres, path)
     assert got[0] == code and message in got[1]
     assert kubevirt.console.accepted == 0 and kubevirt.echo.accepted == 0
+
+
+async def test_usbredir_greets_from_the_first_free_slot_of_virt_launchers(
+    kubevirt: Cluster, sockets: Path
+) -> None:
+    slots = [
+        await Backend(handler=FakeSlot(i).handle).start_unix(sockets / UID / f"virt-usbredir-{i}")
+        for i in (0, 1)
+    ]
+    url = kubevirt.subres.api_url(f"{VMIS}/usb/usbredir")
+    try:
+        async with kubevirt.subres.websocket(url, PLAIN) as first:
+            assert await _hello(first) == f"{FakeSlot.VERSION} slot 0"
+            async with kubevirt.subres.websocket(url, PLAIN) as second:
+                assert await _hello(second) == f"{FakeSlot.VERSION} slot 1"
+                # The profile has four slots (KubeVirt's); the third has no socket here.
+                code, message = await refused(kubevirt.subres, f"{VMIS}/usb/usbredir")
+                assert code == 503 and "virt-usbredir-2" in message
+    finally:
+        await asyncio.gather(*(slot.stop() for slot in slots))
+
+
+async def _hello(ws: ClientConnection) -> str:
+    data = b""
+    async with asyncio.timeout(10):
+        while (version := parse_hello(data)) is None:
+            message = await ws.recv()
+            assert isinstance(message, bytes)
+            data += message
+    return version
 
 
 async def test_a_uid_that_would_leave_the_socket_directory_is_refused(kubevirt: Cluster) -> None:

@@ -94,8 +94,23 @@ function start(token) {
     tab.addEventListener('click', () => show(tab.dataset.pane));
   }
   window.subres = { ...views, presence }; // for tests and for poking at the page from devtools
-  views.console.start(presence).then(() => presence.follow());
+  views.console.start(presence).then(() => {
+    pickConsoles(presence);
+    presence.follow();
+  });
   show(location.hash.slice(1) in views ? location.hash.slice(1) : 'console');
+}
+
+// A machine with several consoles gets a picker: each is a console of its own (its writer,
+// observers, recording); choosing one connects the tab to it.
+function pickConsoles(presence) {
+  const picker = document.getElementById('consoles');
+  if (presence.consoles.length < 2) return;
+  for (const name of presence.consoles) picker.append(new Option(name, name));
+  picker.hidden = visible !== 'console';
+  picker.addEventListener('change', () => {
+    views.console.switchTo(presence, picker.value).then(() => showHolder(presence.items));
+  });
 }
 
 // The banner under the header: who writes or views, who watches, whether it is recorded.
@@ -103,8 +118,10 @@ function showHolder(items) {
   const banner = document.getElementById('holder');
   const sub = visible === 'vnc' ? 'vnc' : 'console';
   banner.hidden = visible === 'recordings';
-  banner.textContent = summary(items, sub);
-  banner.dataset.recorded = String(items.some((i) => i.subresource === sub && i.recorded));
+  const unit = sub === 'console' ? consoleUnit() : '';
+  banner.textContent = summary(items, sub, unit);
+  const recorded = (i) => i.subresource === sub && (i.unit || '') === unit && i.recorded;
+  banner.dataset.recorded = String(items.some(recorded));
 }
 
 function show(name) {
@@ -115,8 +132,16 @@ function show(name) {
     document.getElementById(tab.dataset.pane).hidden = !selected;
   }
   views[name].show();
+  const picker = document.getElementById('consoles');
+  picker.hidden = name !== 'console' || picker.options.length < 2;
   showStatus(...(states[name] || ['connecting', 'connecting']));
   if (window.subres) showHolder(window.subres.presence.items);
+}
+
+// The console the tab shows, as the sessions API names it: '' when the machine has one.
+function consoleUnit() {
+  const consoles = window.subres ? window.subres.presence.consoles : [];
+  return consoles.length < 2 ? '' : views.console.unit;
 }
 
 function showStatus(state, text) {

@@ -1,5 +1,6 @@
 // The console tab: xterm.js over a Kubernetes channel WebSocket (v5, or v4), as the
-// writer or as a read-only observer (console-observe) when someone else writes.
+// writer or as a read-only observer (console-observe) when someone else writes, to
+// whichever of the machine's consoles the picker names (`?console=NAME`).
 import { Terminal } from './vendor/xterm/xterm.mjs';
 import { FitAddon } from './vendor/addon-fit/addon-fit.mjs';
 import { choose, holder } from './sharing.js';
@@ -13,6 +14,7 @@ export class ConsoleView {
     this.urls = { writer: url, observer: observeUrl };
     this.why = why;
     this.mode = 'writer';
+    this.unit = '';
     this.protocols = [...SUBPROTOCOLS, ...auth];
     this.onStatus = onStatus;
     this.encoder = new TextEncoder();
@@ -33,17 +35,31 @@ export class ConsoleView {
   }
 
   // Connect as the writer, unless someone else writes: then ask whether to take over or watch.
-  async start(presence) {
-    const held = holder(await presence.read(), 'console');
+  // `unit`: which console, by name, when the machine has several ('' otherwise).
+  async start(presence, unit = this.unit) {
+    const items = await presence.read();
+    this.unit = unit || (presence.consoles.length > 1 ? presence.consoles[0] : '');
+    const held = holder(items, 'console', this.unit);
     const mode = held ? await choose(this.element, held, { watch: 'Observe' }) : 'writer';
     this.connect(mode);
+  }
+
+  // Leave the console shown for another of the machine's (the picker changed).
+  async switchTo(presence, unit) {
+    if (this.ws !== null) {
+      this.ws.onclose = null;
+      this.ws.close();
+      this.ws = null;
+    }
+    this.terminal.reset();
+    await this.start(presence, unit);
   }
 
   connect(mode = this.mode) {
     this.mode = mode;
     this.onStatus('connecting', 'connecting');
     this.failure = '';
-    const ws = new WebSocket(this.urls[mode], this.protocols);
+    const ws = new WebSocket(this.urls[mode] + this.query(), this.protocols);
     let opened = false;
     ws.binaryType = 'arraybuffer';
     ws.onopen = () => {
@@ -56,7 +72,8 @@ export class ConsoleView {
     ws.onmessage = (event) => this.receive(new Uint8Array(event.data));
     ws.onclose = async (event) => {
       // A refused upgrade reaches a page only as a lost connection: ask the server why.
-      const refused = opened ? '' : await this.why(mode === 'observer' ? 'console-observe' : 'console');
+      const sub = (mode === 'observer' ? 'console-observe' : 'console') + this.query();
+      const refused = opened ? '' : await this.why(sub);
       const reason = this.failure || event.reason || refused
         || (event.code === 1000 ? 'closed' : 'connection lost');
       this.terminal.options.disableStdin = false;
@@ -64,6 +81,11 @@ export class ConsoleView {
       this.terminal.write(`\r\n\x1b[2m[${reason}; press Enter to reconnect]\x1b[0m\r\n`);
     };
     this.ws = ws;
+  }
+
+  // Which console, as a query: none for a machine's only one.
+  query() {
+    return this.unit ? `?console=${encodeURIComponent(this.unit)}` : '';
   }
 
   show() {

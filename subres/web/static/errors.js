@@ -13,7 +13,8 @@ const DIAL_FAILED = 'the server could not connect to the machine (is its backend
 export async function explain(url, headers) {
   let response, status;
   try {
-    response = await fetch(`${url}?dryRun=All`, { headers, cache: 'no-store' });
+    const query = url.includes('?') ? '&' : '?';
+    response = await fetch(`${url}${query}dryRun=All`, { headers, cache: 'no-store' });
     status = await response.json();
   } catch {
     return '';

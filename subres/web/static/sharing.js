@@ -8,6 +8,7 @@ export class Presence {
     this.headers = headers;
     this.onChange = onChange;
     this.items = [];
+    this.consoles = [];
     this.timer = null;
   }
 
@@ -16,7 +17,9 @@ export class Presence {
     try {
       const response = await fetch(this.url, { headers: this.headers, cache: 'no-store' });
       if (!response.ok) return null;
-      this.items = (await response.json()).items || [];
+      const list = await response.json();
+      this.items = list.items || [];
+      this.consoles = list.consoles || [];
     } catch {
       return null;
     }
@@ -29,13 +32,18 @@ export class Presence {
   }
 }
 
-export function holder(items, subresource) {
-  const mode = subresource === 'vnc' ? 'viewer' : 'writer';
-  return (items || []).find((i) => i.subresource === subresource && i.mode === mode) || null;
+// Sessions of `subresource`, and of one console (`unit`, its name) when the machine has several.
+function of(items, subresource, unit = '') {
+  return (items || []).filter((i) => i.subresource === subresource && (i.unit || '') === unit);
 }
 
-export function observers(items, subresource) {
-  return (items || []).filter((i) => i.subresource === subresource && i.mode === 'observer');
+export function holder(items, subresource, unit = '') {
+  const mode = subresource === 'vnc' ? 'viewer' : 'writer';
+  return of(items, subresource, unit).find((i) => i.mode === mode) || null;
+}
+
+export function observers(items, subresource, unit = '') {
+  return of(items, subresource, unit).filter((i) => i.mode === 'observer');
 }
 
 export function since(item) {
@@ -43,13 +51,13 @@ export function since(item) {
 }
 
 // One line for the banner: who holds it, who watches, whether it is recorded.
-export function summary(items, subresource) {
-  const held = holder(items, subresource);
+export function summary(items, subresource, unit = '') {
+  const held = holder(items, subresource, unit);
   const acting = subresource === 'vnc' ? 'viewing' : 'writing';
-  const watching = observers(items, subresource).map((i) => i.user);
+  const watching = observers(items, subresource, unit).map((i) => i.user);
   const parts = [held ? `${held.user} ${acting} since ${since(held)}` : `nobody ${acting}`];
   if (watching.length) parts.push(`watched by ${watching.join(', ')}`);
-  if ((items || []).some((i) => i.subresource === subresource && i.recorded)) parts.push('recorded');
+  if (of(items, subresource, unit).some((i) => i.recorded)) parts.push('recorded');
   return parts.join(' · ');
 }
 
