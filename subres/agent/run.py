@@ -2,7 +2,11 @@
 
 The listener demands a client certificate from the replicas' CA (mutual
 TLS); the serving certificate and the CA are re-read when their files change
-(cert-manager rotates them), without dropping live relays.
+(cert-manager rotates them), without dropping live relays. Every connection
+has the server's timers and unauthenticated cap (`serving.connections`): a
+connection that never finishes TLS, never sends a request or idles is
+closed, and it counts as authenticated once a request passed the caller
+check.
 """
 
 from __future__ import annotations

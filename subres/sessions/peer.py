@@ -38,7 +38,7 @@ from subres.backends.peer import PeerRefused, PeerStream
 from subres.engine.pump import Traffic, pump
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.protocol import relay
+from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
 from subres.sessions import recordings, sharing, usbslots
 from subres.sessions.registry import SessionKey
@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 
 NOT_OWNER = 421
 """The owner's answer when it does not think it owns the unit."""
+MAX_TAIL = (1 << 31) - 1
+"""The most lines a peer session may replay (what a front lets a client ask)."""
 MODES = {
     "console": (WRITER, OBSERVER, MODERATOR),
     "vnc": (VIEWER, OBSERVER, MODERATOR),
@@ -141,8 +143,9 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
     if mode not in MODES.get(unit.subresource, ()):
         raise StatusError(400, f"no {unit.subresource} session has the mode {mode!r}")
     tail = one.get("Subres-Tail")
-    if tail is not None and not (tail.isascii() and tail.isdigit()):
-        raise StatusError(400, f"Subres-Tail must be a number, not {tail!r}")
+    lines = digits.value(tail, cap=MAX_TAIL) if tail is not None and digits.plain(tail) else -1
+    if tail is not None and not 0 <= lines <= MAX_TAIL:
+        raise StatusError(400, f"Subres-Tail must be a number of lines, not {tail[:64]!r}")
     who = Who(
         user=one.get("Subres-User", ""),
         groups=tuple(groups),
@@ -155,7 +158,7 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
         who,
         front=one.get("Subres-Front", ""),
         preserve=one.get("Subres-Preserve") == "true",
-        tail=int(tail) if tail is not None else None,
+        tail=lines if tail is not None else None,
     )
 
 

@@ -1,7 +1,8 @@
 """Recordings on disk: where each one lives, and every file touched without following a link.
 
 Layout: `DIR/NAMESPACE/RESOURCE/NAME/UID/STAMP-[CONSOLE-]ID[.audit][.N].cast` (a
-console's, asciicast) and `….display` (a display's, `protocol.displayrec`).
+console's, asciicast; the console named when it is not the machine's default
+one) and `….display` (a display's, `protocol.displayrec`).
 
 - The namespace comes first: a namespace's recordings are one subtree,
   counted and capped together, and nothing done for one namespace touches

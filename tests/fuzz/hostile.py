@@ -76,14 +76,25 @@ def rfb_guard(data: bytes) -> None:
         assert len(whole) <= len(stream)
 
 
-def _frames(fdp: Provider) -> tuple[bytes, bytes, bool]:
-    """A relay byte stream, the DATA payloads of its encoded frames, and whether it holds
-    nothing else."""
+def _frames(fdp: Provider, *, peer: bool) -> tuple[bytes, bytes, list[object], bool]:
+    """A relay byte stream, the DATA payloads of its encoded frames, the other events they
+    make, and whether it holds nothing else (RESIZE and CLOSE frames only between peers)."""
     stream, payloads = bytearray(), bytearray()
+    others: list[object] = []
     clean = True
     for _ in range(fdp.ConsumeIntInRange(0, 10)):
-        choice = fdp.ConsumeIntInRange(0, 4)
-        if choice == 0:
+        choice = fdp.ConsumeIntInRange(0, 6 if peer else 4)
+        if choice == 5:
+            width, height = fdp.ConsumeIntInRange(-1, 70000), fdp.ConsumeIntInRange(-1, 70000)
+            stream += relay.resize(width, height)
+            others.append(
+                relay.ResizeReceived(min(max(width, 0), 0xFFFF), min(max(height, 0), 0xFFFF))
+            )
+        elif choice == 6:
+            code, reason = fdp.ConsumeIntInRange(0, 0xFFFF), fdp.ConsumeUnicodeNoSurrogates(40)
+            stream += relay.close(code, reason)
+            others.append(relay.CloseReceived(code, reason.encode()[:123].decode(errors="replace")))
+        elif choice == 0:
             payload = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300))
             stream += relay.data(payload)
             payloads += payload
@@ -98,16 +109,18 @@ def _frames(fdp: Provider) -> tuple[bytes, bytes, bool]:
         else:
             stream += fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 20))
             clean = False
-    return bytes(stream), bytes(payloads), clean
+    return bytes(stream), bytes(payloads), others, clean
 
 
 def relay_framing(data: bytes) -> None:
-    """Relay frames from a replica or an agent, streams and datagrams, in any chunking."""
+    """Relay frames between a replica and an agent (streams, datagrams) or two replicas
+    (with RESIZE and CLOSE), in any chunking."""
     fdp = atheris.FuzzedDataProvider(data)
-    partial = fdp.ConsumeBool()
-    stream, payloads, clean = _frames(fdp)
-    decoder = relay.FrameDecoder(partial=partial)
+    partial, peer = fdp.ConsumeBool(), fdp.ConsumeBool()
+    stream, payloads, others, clean = _frames(fdp, peer=peer)
+    decoder = relay.FrameDecoder(partial=partial, peer=peer)
     received = bytearray()
+    seen: list[object] = []
     failed = False
     for chunk in chunks(fdp, stream):
         try:
@@ -120,11 +133,15 @@ def relay_framing(data: bytes) -> None:
                 received += event.data
             elif isinstance(event, relay.ErrorReceived) and clean:
                 assert len(event.reason.encode("utf-8", "surrogatepass")) <= 4 * 1024
+            elif isinstance(event, relay.ResizeReceived | relay.CloseReceived):
+                assert peer, event  # an agent's decoder refuses them
+                seen.append(event)
         # Held back: at most one frame's header and payload.
         assert len(decoder._buffer) <= relay.MAX_FRAME + 5, len(decoder._buffer)
     if clean:
         # What was encoded decodes, whatever the cuts: the DATA bytes in order.
         assert not failed and bytes(received) == payloads, (received, payloads)
+        assert seen == others, (seen, others)
 
 
 _NAMES = ["default", "vm1", "machines", "", ".", "..", "a/b", "Default", "x" * 254, "é", "a\x00"]

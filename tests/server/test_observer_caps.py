@@ -12,9 +12,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection
 
+from tests.server.replicas import as_user, owner_and_other, replicas, url
 from tests.server.test_vnc import vnc_machine
 from tests.support import Backend, Standalone, machine, start_standalone, wait_for
 
@@ -94,3 +96,23 @@ async def test_a_refused_or_failed_observer_gives_its_place_back(subres: Standal
     async with subres.websocket(subres.url("vm1", "console-observe")) as ws:
         ws.transport.abort()  # vanished, not closed
     await wait_for(lambda: observers.all == 0)
+
+
+async def test_observers_through_another_replica_count_where_the_console_is(
+    tmp_path: Path, backend: Backend
+) -> None:
+    caps = {"session": {"maxObserversPerConsole": 2, "maxObservers": 100}}
+    async with (
+        replicas(tmp_path, backend, config=lambda _: caps) as (_, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, other = owner_and_other(servers)
+        async with (
+            http.ws_connect(url(other, "console-observe"), **as_user(tmp_path, "olive")),
+            http.ws_connect(url(owner, "console-observe"), **as_user(tmp_path, "otto")),
+        ):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(url(other, "console-observe"), **as_user(tmp_path, "oz"))
+            assert refused.value.status == 429
+            assert owner.state.observers.all == 2 and other.state.observers.all == 0
+        await wait_for(lambda: owner.state.observers.all == 0)
