@@ -42,11 +42,10 @@ def _load(where: str | Callable[..., object]) -> Callable[..., object]:
 
 
 def _serve(ns: argparse.Namespace) -> int:
-    import asyncio
-
     from subres.kube.client import ApiError
     from subres.server.options import Options
     from subres.server.run import serve
+    from subres.serving import loops
 
     options = Options.from_args(ns)
     problems = options.validate()
@@ -55,7 +54,7 @@ def _serve(ns: argparse.Namespace) -> int:
             print(f"subres serve: {problem}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(options))
+        loops.run(serve(options), loop=options.loop)
     except (ApiError, OSError, ValueError) as exc:
         # Start-up failures (an unreadable kubeconfig or config, a busy port) are the
         # operator's to fix: say what, not where in our code.

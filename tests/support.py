@@ -44,6 +44,7 @@ __all__ = [
     "machine",
     "node_local_config",
     "open_fds",
+    "open_sockets",
     "relay_to_unix",
     "serve_process",
     "start_standalone",
@@ -509,6 +510,20 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 def open_fds() -> int:
     """How many file descriptors this process has open."""
     return len(os.listdir("/proc/self/fd"))
+
+
+def open_sockets() -> int:
+    """How many sockets this process has open.
+
+    For leak checks around work that may make the event loop open a
+    descriptor of its own once (uvloop's libuv reserves /dev/null for
+    running out of descriptors): connections are sockets.
+    """
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
 
 
 async def wait_for(predicate: Callable[[], bool]) -> None:

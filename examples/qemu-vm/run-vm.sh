@@ -8,15 +8,19 @@
 #   run-vm.sh prepare                  install QEMU and busybox, fetch the kernel
 #   run-vm.sh start STATE_DIR [PORT]   boot in the background (PORT: host port of the guest's :80, default 8080)
 #   run-vm.sh stop STATE_DIR           stop the VM whose pidfile is in STATE_DIR
+#   run-vm.sh run STATE_DIR [PORT]     boot in the foreground (a container's main process)
 #
 # Environment: SUBRES_VM_CACHE (where the kernel is kept, default
 # ~/.cache/subres/qemu-vm), SUBRES_VM_ACCEL (kvm or tcg; default kvm when
-# /dev/kvm is usable, else tcg), SUBRES_VM_NAME (the guest's hostname, vm1).
+# /dev/kvm is usable, else tcg), SUBRES_VM_NAME (the guest's hostname, vm1),
+# SUBRES_VM_FORWARD_ADDRESS (where the guest's :80 is forwarded, default
+# 127.0.0.1; 0.0.0.0 in a pod, whose address the Machine names).
 set -euo pipefail
 
 PACKAGES=(qemu-system-x86 busybox-static xz-utils)
 CACHE=${SUBRES_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/subres/qemu-vm}
 NAME=${SUBRES_VM_NAME:-vm1}
+FORWARD_ADDRESS=${SUBRES_VM_FORWARD_ADDRESS:-127.0.0.1}
 # Guest drivers, loaded from the initramfs: the display (QEMU's std VGA, with
 # the frame buffer console on it) and the network card (QEMU's pc default).
 DISPLAY_MODULE=bochs
@@ -52,7 +56,11 @@ kernel_package() {
 # cache: nothing is installed, nothing goes to /boot.
 fetch_kernel() {
 	local package tmp
-	package=$(kernel_package)
+	package=$(kernel_package || true)
+	# Offline (an image with no apt, or no lists) a prepared kernel is all there is.
+	if [[ -z $package && -f $CACHE/current/vmlinux ]]; then
+		return
+	fi
 	if [[ -z $package ]]; then
 		[[ $(id -u) == 0 ]] || die "apt knows no linux-image-amd64: run apt-get update as root"
 		apt-get update -q
@@ -210,42 +218,63 @@ accel() {
 	esac
 }
 
-start() {
-	local dir=$1 port=${2:-8080} pid
+# The VM's command line, booting from STATE_DIR's sockets and initramfs; the
+# caller adds how it runs (in the background or not).
+prepare_vm() {
+	local dir=$1 port=$2
 	[[ $port =~ ^[0-9]+$ ]] || die "port must be a number: $port"
 	install_packages
 	fetch_kernel
+	mkdir -p "$dir"
+	rm -f "$dir/serial.sock" "$dir/serial1.sock" "$dir/vnc.sock" "$dir/usbredir0.sock"
+	build_initramfs "$dir/initramfs.gz"
+	HOW=$(accel)
+	# The USB redirection slot is QEMU's usb-redir device on an xHCI controller: a
+	# usbredir client (usbredirect, through subres) plugs a USB device of its own into
+	# the guest there.
+	QEMU=(
+		qemu-system-x86_64
+		-accel "$HOW" -m 256M -smp 1 -nodefaults -no-reboot
+		-kernel "$CACHE/current/vmlinux" -initrd "$dir/initramfs.gz"
+		-append "console=tty1 console=ttyS0 video=1024x768 quiet panic=1"
+		-chardev "socket,id=s0,path=$dir/serial.sock,server=on,wait=off" -serial chardev:s0
+		-chardev "socket,id=s1,path=$dir/serial1.sock,server=on,wait=off" -serial chardev:s1
+		-vga std -display none -vnc "unix:$dir/vnc.sock"
+		-device qemu-xhci,id=xhci
+		-chardev "socket,id=usbredir0,path=$dir/usbredir0.sock,server=on,wait=off"
+		-device usb-redir,chardev=usbredir0,id=redir0
+		-nic "user,model=e1000,restrict=on,hostfwd=tcp:$FORWARD_ADDRESS:$port-:80"
+		-name "$NAME"
+	)
+}
+
+start() {
+	local dir=$1 port=${2:-8080} pid
 	mkdir -p "$dir"
 	dir=$(cd "$dir" && pwd)
 	if [[ -f $dir/qemu.pid ]] && kill -0 "$(cat "$dir/qemu.pid")" 2>/dev/null; then
 		die "a VM is already running from $dir (pid $(cat "$dir/qemu.pid"))"
 	fi
-	rm -f "$dir/serial.sock" "$dir/serial1.sock" "$dir/vnc.sock" "$dir/usbredir0.sock" "$dir/qemu.pid"
-	build_initramfs "$dir/initramfs.gz"
-	local how
-	how=$(accel)
-	# -daemonize returns once the sockets listen. The USB redirection slot is QEMU's
-	# usb-redir device on an xHCI controller: a usbredir client (usbredirect, through
-	# subres) plugs a USB device of its own into the guest there.
-	qemu-system-x86_64 \
-		-accel "$how" -m 256M -smp 1 -nodefaults -no-reboot \
-		-kernel "$CACHE/current/vmlinux" -initrd "$dir/initramfs.gz" \
-		-append "console=tty1 console=ttyS0 video=1024x768 quiet panic=1" \
-		-chardev "socket,id=s0,path=$dir/serial.sock,server=on,wait=off" -serial chardev:s0 \
-		-chardev "socket,id=s1,path=$dir/serial1.sock,server=on,wait=off" -serial chardev:s1 \
-		-vga std -display none -vnc "unix:$dir/vnc.sock" \
-		-device qemu-xhci,id=xhci \
-		-chardev "socket,id=usbredir0,path=$dir/usbredir0.sock,server=on,wait=off" \
-		-device usb-redir,chardev=usbredir0,id=redir0 \
-		-nic "user,model=e1000,restrict=on,hostfwd=tcp:127.0.0.1:$port-:80" \
-		-name "$NAME" -pidfile "$dir/qemu.pid" -daemonize
+	rm -f "$dir/qemu.pid"
+	prepare_vm "$dir" "$port"
+	# -daemonize returns once the sockets listen.
+	"${QEMU[@]}" -pidfile "$dir/qemu.pid" -daemonize
 	pid=$(cat "$dir/qemu.pid")
-	echo "run-vm.sh: $NAME running as pid $pid ($how)"
+	echo "run-vm.sh: $NAME running as pid $pid ($HOW)"
 	echo "  serial console: unix://$dir/serial.sock (serial0: the kernel and a shell)"
 	echo "  serial1:        unix://$dir/serial1.sock (a getty)"
 	echo "  vnc display:    unix://$dir/vnc.sock"
 	echo "  usb slot:       unix://$dir/usbredir0.sock"
-	echo "  guest :80 at:   127.0.0.1:$port"
+	echo "  guest :80 at:   $FORWARD_ADDRESS:$port"
+}
+
+# In the foreground, QEMU in this process's place: a container's main process, which
+# ends when the VM does (or on SIGTERM).
+run() {
+	local dir=$1 port=${2:-8080}
+	prepare_vm "$dir" "$port"
+	echo "run-vm.sh: $NAME running ($HOW): unix://$dir/serial.sock, unix://$dir/vnc.sock, :80 at $FORWARD_ADDRESS:$port"
+	exec "${QEMU[@]}"
 }
 
 stop() {
@@ -272,5 +301,6 @@ case ${1:-} in
 prepare) [[ $# == 1 ]] || usage; install_packages; fetch_kernel; echo "run-vm.sh: ready ($(accel))" ;;
 start) [[ $# == 2 || $# == 3 ]] || usage; start "$2" "${3:-}" ;;
 stop) [[ $# == 2 ]] || usage; stop "$2" ;;
+run) [[ $# == 2 || $# == 3 ]] || usage; run "$2" "${3:-}" ;;
 *) usage ;;
 esac

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subres.serving import connections
+from subres.serving import connections, loops
 from subres.serving.certs import REPLICA_IDENTITY
 
 __all__ = ["AgentOptions", "add_arguments"]
@@ -50,6 +50,8 @@ class AgentOptions:
     socket_owners: Mapping[Path, tuple[int, int | None]] = field(default_factory=dict)
     """Per socket directory, the uid (and gid) its sockets and their listeners must have;
     a directory not named here: the uid that owns it."""
+    loop: str = loops.DEFAULT
+    """The event loop: uvloop or asyncio (`subres.serving.loops`)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> AgentOptions:
@@ -69,6 +71,7 @@ class AgentOptions:
             read_size=ns.read_size,
             write_timeout=ns.write_timeout,
             connections=connections.Limits.from_args(ns),
+            loop=ns.loop,
         )
 
     def validate(self) -> list[str]:
@@ -159,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a backend may take no data before its relay fails",
     )
     connections.add_arguments(parser)
+    loops.add_argument(parser)
     add(
         "--logging-format",
         choices=("text", "json"),

@@ -13,9 +13,9 @@ before any upgrade.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -26,6 +26,7 @@ from subres.backends import direct, nofollow
 from subres.backends import endpoint as endpoints
 from subres.backends.stream import BackendUnavailable
 from subres.config import EndpointPolicySpec
+from subres.engine.pump import Ending, Traffic, pump
 from subres.engine.stream import ByteStream
 from subres.engine.upgrade import UpgradedSocket, upgrade
 from subres.kube.status import StatusError
@@ -157,56 +158,72 @@ async def _dial(
         raise StatusError(503, f'agent on node "{settings.node}": {exc}') from None
 
 
+class _Replica:
+    """The replica's side of a relay as the pump's `ClientStream`: frames in, frames out.
+
+    Its EOF frame is a half-close; its ERROR frame, or its hanging up, the end.
+    The pump's `abort` reaches it as an ERROR frame with the reason.
+    """
+
+    def __init__(self, peer: UpgradedSocket, *, datagram: bool) -> None:
+        self._peer = peer
+        self._decoder = relay.FrameDecoder(partial=not datagram)
+        self._events: deque[relay.Event] = deque()
+        self._gone = False
+        self.why = "the replica closed the relay"
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
+    async def read(self) -> bytes:
+        while not self._gone:
+            if not self._events:
+                chunk = await self._peer.read()
+                if not chunk:
+                    self._gone = True
+                    break
+                try:
+                    self._events.extend(self._decoder.feed(chunk))
+                except relay.FrameError as exc:
+                    self._end(f"bad frame from the replica: {exc}")
+                    break
+                continue
+            event = self._events.popleft()
+            if isinstance(event, relay.DataReceived):
+                if event.data:
+                    return event.data
+            elif isinstance(event, relay.EofReceived):
+                return b""
+            elif isinstance(event, relay.ErrorReceived):
+                self._end(f"the replica failed: {event.reason}")
+        return b""
+
+    def _end(self, why: str) -> None:
+        self._gone = True
+        self.why = why
+
+    async def write(self, data: bytes) -> None:
+        await self._peer.write(relay.data(data))
+
+    async def write_eof(self) -> None:
+        await self._peer.write(relay.eof())
+
+    async def abort(self, reason: str) -> None:
+        self.why = reason
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._peer.write(relay.error(reason))
+
+    async def close(self) -> None:
+        await self._peer.close()
+
+
 async def _relay(peer: UpgradedSocket, backend: ByteStream, *, datagram: bool) -> str:
     """Frames from the replica to the backend and back, until the replica leaves.
 
     The backend's end (EOF, or an error with its reason) goes to the replica
     as a frame; the replica then closes, which is what ends the relay.
     """
-    down = asyncio.create_task(_down(backend, peer))
-    try:
-        return await _up(peer, backend, datagram=datagram)
-    finally:
-        down.cancel()
-        await asyncio.wait([down])
-
-
-async def _up(peer: UpgradedSocket, backend: ByteStream, *, datagram: bool) -> str:
-    decoder = relay.FrameDecoder(partial=not datagram)
-    while chunk := await peer.read():
-        try:
-            events = decoder.feed(chunk)
-        except relay.FrameError as exc:
-            return f"bad frame from the replica: {exc}"
-        for event in events:
-            if isinstance(event, relay.ErrorReceived):
-                return f"the replica failed: {event.reason}"
-            try:
-                if isinstance(event, relay.DataReceived):
-                    await backend.write(event.data)
-                else:
-                    await backend.write_eof()
-            except (OSError, RuntimeError) as exc:
-                with contextlib.suppress(OSError, RuntimeError):
-                    await peer.write(relay.error(f"backend write failed: {exc}"))
-                return f"backend write failed: {exc}"
-    return "the replica closed the relay"
-
-
-async def _down(backend: ByteStream, peer: UpgradedSocket) -> None:
-    while True:
-        try:
-            chunk = await backend.read()
-        except (OSError, RuntimeError) as exc:
-            last = relay.error(f"backend connection failed: {exc}")
-            break
-        if not chunk:
-            last = relay.eof()
-            break
-        try:
-            await peer.write(relay.data(chunk))
-        except (OSError, RuntimeError) as exc:
-            log.debug("replica write failed: %s", exc)  # the replica left: _up ends the relay
-            return
-    with contextlib.suppress(OSError, RuntimeError):
-        await peer.write(last)
+    replica = _Replica(peer, datagram=datagram)
+    outcome = await pump(replica, backend, Traffic())
+    return replica.why if outcome.ending is Ending.CLIENT else outcome.reason

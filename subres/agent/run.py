@@ -29,7 +29,7 @@ from subres.backends.addresses import IPNetwork
 from subres.config import EndpointPolicySpec
 from subres.engine import internals
 from subres.protocol import relay as wire
-from subres.serving import connections, errors, tls
+from subres.serving import connections, errors, loops, tls
 
 __all__ = ["GUARD", "Agent", "build", "main", "policy", "serve", "socket_dirs"]
 
@@ -177,7 +177,7 @@ def main(ns: argparse.Namespace) -> int:
     if problems:
         return 2
     try:
-        asyncio.run(serve(options))
+        loops.run(serve(options), loop=options.loop)
     except OSError as exc:
         # A busy port or unreadable files are the operator's to fix: say what.
         print(f"subres agent: {exc}", file=sys.stderr)

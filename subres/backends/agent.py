@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
-import h11
-
 from subres.backends.endpoint import Endpoint, Target
-from subres.backends.stream import BackendUnavailable, SocketStream
+from subres.backends.stream import BackendUnavailable
+from subres.engine import client
+from subres.engine.client import UpgradedStream
 from subres.protocol import relay
 
 __all__ = [
@@ -48,9 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-MAX_REFUSAL = 64 << 10
-"""Largest refusal body read from an agent."""
 
 
 class AgentUnavailable(BackendUnavailable):
@@ -192,7 +189,7 @@ class Agents:
             raise AgentUnavailable(f"{where} did not answer within {connect_timeout:g}s") from None
         except AgentRefused as exc:
             raise AgentRefused(f'subres agent of node "{node}": {exc}', exc.code) from None
-        except (OSError, ssl.SSLError, h11.ProtocolError) as exc:
+        except OSError as exc:
             raise AgentUnavailable(f"{where} is unreachable: {exc}") from None
 
 
@@ -220,23 +217,37 @@ async def open_relay(
 ) -> _S:
     """Connect over TLS, send `request` and return the stream after its 101, in time.
 
-    Raises `TimeoutError`, the connection's errors, or the stream's refusal.
+    The one upgrade client (`subres.engine.client`) does the HTTP; a refusal
+    becomes the stream's `refusal`. Raises `TimeoutError`, the connection's
+    errors (OSError), or that refusal.
     """
-    loop = asyncio.get_running_loop()
-    stream: _S | None = None
+    made: list[_S] = []
+
+    def stream() -> _S:
+        made.append(protocol())
+        return made[-1]
+
+    host, port = address
+    peer = client.Peer(
+        f"https://{f'[{host}]' if ':' in host else host}:{port}{request.path}",
+        tls=context,
+        server_hostname=server_name,
+    )
+    headers = {
+        "Host": request.host,
+        "Connection": "Upgrade",
+        "Upgrade": request.upgrade,
+        "Content-Length": "0",
+        **dict(request.headers),
+    }
     try:
         async with asyncio.timeout(connect_timeout):
-            transport, stream = await loop.create_connection(
-                protocol, *address, ssl=context, server_hostname=server_name
-            )
-            # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
-            transport.set_write_buffer_limits(high=stream.high_water)
-            await stream.handshake(request)
-    except BaseException:
-        if stream is not None:
-            await stream.close()
-        raise
-    return stream
+            conn = await client.upgrade(peer, method="POST", headers=headers, stream=stream)
+    except client.UpgradeRefused as exc:
+        raise made[-1].refusal(exc.status, exc.body) from None
+    # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
+    conn.set_write_high_water(conn.high_water)
+    return conn
 
 
 def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
@@ -246,24 +257,14 @@ def _wire_endpoint(endpoint: Endpoint, address: str) -> str:
     return str(Endpoint(endpoint.scheme, host=address or endpoint.host, port=endpoint.port))
 
 
-class RelayStream(SocketStream):
+class RelayStream(UpgradedStream):
     """A `ByteStream` over one relay connection: frames inside mutual TLS.
 
-    Until the agent's answer, bytes go to an h11 client; after its 101 they are
-    frames, whose payloads take `SocketStream`'s queue and flow control.
+    The upgrade client reads the answer; after its 101 the bytes are frames,
+    whose payloads take `SocketStream`'s queue and flow control.
     """
 
-    __slots__ = (
-        "_answer",
-        "_body",
-        "_decoder",
-        "_failure",
-        "_http",
-        "_lost_reason",
-        "_status",
-        "answer_headers",
-        "high_water",
-    )
+    __slots__ = ("_decoder", "_failure", "_lost_reason", "high_water")
 
     def __init__(
         self,
@@ -274,84 +275,15 @@ class RelayStream(SocketStream):
         datagram: bool = False,
         peer: bool = False,
     ) -> None:
-        super().__init__(high_water=high_water, write_timeout=write_timeout)
+        super().__init__(high_water=high_water, write_timeout=write_timeout, peer="agent")
         self.high_water = high_water
-        self.answer_headers: dict[str, str] = {}
-        """The headers of the 101, lower-cased."""
-        self._http: h11.Connection | None = h11.Connection(h11.CLIENT)
-        self._answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # A refusal that arrives after the dial timed out is nobody's to raise: mark it seen.
-        self._answer.add_done_callback(_retrieve)
-        self._status = 0
-        self._body = bytearray()
         self._decoder = relay.FrameDecoder(partial=not datagram, peer=peer)
         self._failure: str | None = None
         self._lost_reason = lost
 
-    async def handshake(self, request: Request) -> None:
-        """Send `request`; returns after the 101, raises on a refusal."""
-        assert self._http is not None and self._transport is not None
-        headers = [
-            ("Host", request.host),
-            ("Connection", "Upgrade"),
-            ("Upgrade", request.upgrade),
-            ("Content-Length", "0"),
-            *request.headers,
-        ]
-        sent = self._http.send(h11.Request(method="POST", target=request.path, headers=headers))
-        end = self._http.send(h11.EndOfMessage())
-        self._transport.write((sent or b"") + (end or b""))
-        await self._answer
-
-    def data_received(self, data: bytes) -> None:
-        """The agent's answer, then frames."""
-        if self._http is not None:
-            self._answer_received(data)
-        else:
-            self._frames_received(data)
-
-    def _answer_received(self, data: bytes) -> None:
-        http = self._http
-        assert http is not None
-        try:
-            http.receive_data(data)
-            while (event := http.next_event()) is not h11.NEED_DATA:
-                if self._answer_event(http, event):
-                    return
-        except h11.ProtocolError as exc:
-            self._settle(AgentUnavailable(f"the agent's answer is not HTTP: {exc}"))
-
-    def _answer_event(self, http: h11.Connection, event: object) -> bool:
-        """Handle one h11 event of the answer; True once the answer is complete."""
-        if isinstance(event, h11.InformationalResponse) and event.status_code == 101:
-            self.answer_headers = {k.decode().lower(): v.decode() for k, v in event.headers}
-            leftover, _ = http.trailing_data
-            self._http = None
-            self._settle(None)
-            if leftover:
-                self._frames_received(bytes(leftover))
-            return True
-        if isinstance(event, h11.Response):
-            self._status = event.status_code
-        elif isinstance(event, h11.Data):
-            self._body += event.data
-            if len(self._body) > MAX_REFUSAL:
-                self._settle(AgentUnavailable("the agent's refusal is too long"))
-                return True
-        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed | h11.PAUSED):
-            self._settle(self.refusal(self._status, bytes(self._body)))
-            return True
-        return False
-
-    def _settle(self, outcome: Exception | None) -> None:
-        if self._answer.done():
-            return
-        if outcome is None:
-            self._answer.set_result(None)
-        else:
-            self._answer.set_exception(outcome)
-            if self._transport is not None:
-                self._transport.close()
+    def upgraded_data(self, data: bytes) -> None:
+        """Frames from the other end."""
+        self._frames_received(data)
 
     def _frames_received(self, data: bytes) -> None:
         try:
@@ -364,7 +296,7 @@ class RelayStream(SocketStream):
         for event in events:
             if isinstance(event, relay.DataReceived):
                 if event.data:
-                    super().data_received(event.data)
+                    super().upgraded_data(event.data)
             elif isinstance(event, relay.EofReceived):
                 super().eof_received()
             elif isinstance(event, relay.ErrorReceived):
@@ -386,10 +318,7 @@ class RelayStream(SocketStream):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Without an EOF or ERROR frame first, the relay was lost."""
-        if self._http is not None:
-            why = f": {exc}" if exc else ""
-            self._settle(AgentUnavailable(f"the agent closed the connection{why}"))
-        elif not self._eof and self._failure is None:
+        if self.upgraded and not self._eof and self._failure is None:
             self._failure = self._lost_reason + (f": {exc}" if exc else "")
         # After the agent's EOF frame the end is clean, whatever TLS said on closing.
         failure = self._failure
@@ -410,11 +339,6 @@ class RelayStream(SocketStream):
         """Tell the agent we are done sending; its backend sees EOF."""
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(relay.eof())
-
-
-def _retrieve(answer: asyncio.Future[None]) -> None:
-    if not answer.cancelled():
-        answer.exception()
 
 
 def status_message(body: bytes) -> str:

@@ -41,7 +41,8 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from subres.backends.stream import BackendUnavailable, SocketStream
+from subres.backends.stream import BackendUnavailable
+from subres.engine.sockets import SocketStream
 
 __all__ = ["SocketDir", "SocketRefused", "dial", "locate", "open_socket"]
 

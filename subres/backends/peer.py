@@ -25,7 +25,8 @@ import aiohttp
 import h11
 
 from subres.backends.agent import ClientTLS, RelayStream, Request, open_relay, status_message
-from subres.backends.stream import BackendUnavailable, SocketStream
+from subres.backends.stream import BackendUnavailable
+from subres.engine.sockets import SocketStream
 from subres.protocol import relay
 from subres.protocol.channels import TerminalSize
 
@@ -66,17 +67,17 @@ class PeerStream(RelayStream):
     @property
     def recorded(self) -> bool:
         """The owner records the session."""
-        return self.answer_headers.get("subres-recorded") == "true"
+        return self.answer.get("subres-recorded") == "true"
 
     @property
     def unit(self) -> str:
         """Which of the machine's units the owner gave (a USB slot it chose), if it says."""
-        return self.answer_headers.get("subres-unit", "")
+        return self.answer.get("subres-unit", "")
 
     @property
     def keeps_scrollback(self) -> bool:
         """The owner keeps the console, with a scrollback to replay (`?tail=`)."""
-        return self.answer_headers.get("subres-scrollback") == "true"
+        return self.answer.get("subres-scrollback") == "true"
 
     def attached(self, closer: Closer) -> None:
         """How to close the session's client: with the owner's CLOSE, or 1001 when it is lost."""
@@ -97,7 +98,7 @@ class PeerStream(RelayStream):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Lost without a goodbye: the owner died or moved; the client should reconnect."""
-        if not self._eof and self._ended is None and self.answer_headers:
+        if not self._eof and self._ended is None and self.upgraded:
             self._end(GOING_AWAY, f"the replica {self.owner} owning this console was lost")
         super().connection_lost(exc)
 

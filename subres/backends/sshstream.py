@@ -26,11 +26,15 @@ from typing import Any
 
 import asyncssh
 
+from subres.engine import internals
 from subres.protocol.channels import TerminalSize
 
 __all__ = ["EOT", "ChannelStream", "ConsoleStream", "ForwardStream"]
 
 log = logging.getLogger(__name__)
+
+# A changed asyncssh stops the server when it loads the SSH backend, not on a live forward.
+internals.check_asyncssh()
 
 CLOSE_GRACE = 5.0
 """Seconds a closing channel may take before the connection stops waiting for it."""
@@ -151,12 +155,8 @@ class ChannelStream:
             release()
 
     def send_window(self) -> int | None:
-        """How many bytes the server lets us send now (None when asyncssh does not say).
-
-        asyncssh has no public way to ask; this reads its channel's counter.
-        """
-        window = getattr(self._chan, "_send_window", None)
-        return window if isinstance(window, int) else None
+        """How many bytes the server lets us send now (None when asyncssh does not say)."""
+        return internals.send_window(self._chan)
 
 
 class ForwardStream(ChannelStream, asyncssh.SSHTCPSession[bytes]):

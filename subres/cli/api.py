@@ -10,6 +10,7 @@ unreachable server, never the repr of a library object.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -29,7 +30,8 @@ from subres.kube.status import REASONS
 if TYPE_CHECKING:
     import argparse
 
-    from websockets.asyncio.client import ClientConnection
+    from subres.engine.client import Peer
+    from subres.engine.wsclient import ClientWebSocket
 
 __all__ = [
     "DEFAULT_GROUP_VERSION",
@@ -48,6 +50,7 @@ __all__ = [
     "object_url",
     "os_reason",
     "parse_target",
+    "peer",
     "refusal",
     "resolve",
     "unreachable",
@@ -328,6 +331,22 @@ def object_url(
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/apis/{group_version}/{path}"
 
 
+def peer(config: ClientConfig, url: str, headers: Mapping[str, str]) -> Peer:
+    """Where an upgrade to `url` goes, with `headers`, the kubeconfig's TLS and proxy.
+
+    Without a `proxy-url`, the environment's proxy (HTTPS_PROXY, NO_PROXY), as client-go.
+    """
+    from subres.engine import client
+
+    return client.Peer(
+        url,
+        headers,
+        tls=config.ssl,
+        server_hostname=config.server_hostname,
+        proxy=client.proxy_for(url, config.proxy),
+    )
+
+
 async def connect(
     config: ClientConfig,
     url: str,
@@ -337,44 +356,31 @@ async def connect(
     max_size: int,
     close_timeout: float,
     open_timeout: float = OPEN_TIMEOUT,
-) -> ClientConnection:
+) -> ClientWebSocket:
     """A WebSocket to `url` with the kubeconfig's credentials and TLS settings.
 
     Raises `ServerError` with the server's Status when it refuses the upgrade
     (with `target`'s hint on a 404), `Unreachable` when it cannot be reached.
     """
-    from websockets.asyncio.client import connect as ws_connect
-    from websockets.exceptions import InvalidStatus, WebSocketException
-    from websockets.typing import Subprotocol
+    from subres.engine import client, wsclient
 
-    tls: dict[str, Any] = {}
-    if url.startswith("wss:"):
-        tls["ssl"] = config.ssl
-        if config.server_hostname:
-            tls["server_hostname"] = config.server_hostname
-
-    async def attempt(headers: Mapping[str, str]) -> ClientConnection:
+    async def attempt(headers: Mapping[str, str]) -> ClientWebSocket:
         try:
-            return await ws_connect(
-                url,
-                subprotocols=[Subprotocol(p) for p in subprotocols] if subprotocols else None,
-                additional_headers=dict(headers),
-                compression=None,
-                max_size=max_size,
-                open_timeout=open_timeout,
-                close_timeout=close_timeout,
-                # True: the environment's proxy settings, as client-go without a proxy-url.
-                proxy=config.proxy or True,
-                **tls,
-            )
-        except InvalidStatus as exc:
-            raise refusal(exc.response.status_code, exc.response.body, target=target) from None
+            async with asyncio.timeout(open_timeout):
+                return await wsclient.connect(
+                    peer(config, url, headers),
+                    subprotocols=subprotocols or (),
+                    max_size=max_size,
+                    close_timeout=close_timeout,
+                )
+        except client.UpgradeRefused as exc:
+            raise refusal(exc.status, exc.body, target=target) from None
 
     try:
         ws = await authorized(config, attempt)
-    except (OSError, TimeoutError, WebSocketException) as exc:
+    except (OSError, TimeoutError) as exc:
         raise unreachable(config, exc) from None
-    say_warnings(ws.response.headers.get_all("Warning") if ws.response else [])
+    say_warnings([value for name, value in ws.headers if name == "warning"])
     return ws
 
 

@@ -7,8 +7,11 @@ on the resize channel, Ctrl+] to leave, and the exit code from how the server
 ended the session. When the server goes away (1001) or the connection is
 lost, it connects again by itself and says so (`subres.cli.reconnect`).
 `--observe` watches through `console-observe` instead: stdin only ever
-looks for Ctrl+]. In a terminal, it first asks before taking the console
-from someone who writes on it (`subres.cli.takeover`; `--force` does not).
+looks for Ctrl+]; `--moderate` through `console-moderate`, which a moderated
+writer waits for (`--moderate --end` ends that writer's session). In a
+terminal, it first asks before taking the console from someone who writes on
+it (`subres.cli.takeover`; `--force` does not). Under a server's limits it
+says how long is left once it is short (`subres.cli.timeleft`).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ import time
 from typing import BinaryIO
 from urllib.parse import urlencode
 
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from subres.cli import api, kubeconfig, reconnect, takeover, terminal, timeleft
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
+from subres.engine.pump import Traffic, pump
+from subres.engine.wsclient import ClientWebSocket
 from subres.protocol import channels
 from subres.protocol.channels import ChannelData, Dialect
 
@@ -127,7 +131,7 @@ async def _end(config: ClientConfig, url: str, target: Target) -> int:
     return 0
 
 
-def _dialect(ws: ClientConnection) -> Dialect:
+def _dialect(ws: ClientWebSocket) -> Dialect:
     dialect = channels.negotiate([ws.subprotocol or ""], SUBPROTOCOLS)
     if dialect is None:
         raise CommandError(f"the server agreed to none of {', '.join(SUBPROTOCOLS)}")
@@ -142,7 +146,7 @@ def _say(line: str, *, interactive: bool) -> None:
 
 async def _connect(
     config: ClientConfig, *, address: str, target: Target, retry_for: float
-) -> ClientConnection:
+) -> ClientWebSocket:
     """Open the WebSocket; retry 409 and 503 answers with backoff for `retry_for` seconds."""
 
     def worth_it(exc: CommandError) -> bool:
@@ -166,7 +170,7 @@ async def _connect(
 
 async def _reconnect(
     config: ClientConfig, *, address: str, target: Target, within: float
-) -> ClientConnection:
+) -> ClientWebSocket:
     """Open the WebSocket again, through a server restarting or another replica."""
     return await reconnect.retrying(
         lambda: _open(config, address=address, target=target),
@@ -175,7 +179,7 @@ async def _reconnect(
     )
 
 
-async def _open(config: ClientConfig, *, address: str, target: Target) -> ClientConnection:
+async def _open(config: ClientConfig, *, address: str, target: Target) -> ClientWebSocket:
     return await api.connect(
         config,
         address,
@@ -245,12 +249,119 @@ class _Output:
             self.at_line_start = data.endswith(b"\n")
 
 
+class _Terminal:
+    """The local side as the pump's client: stdin up, the console's output down.
+
+    Ctrl+] (interactive only) ends it: what came before it still goes up.
+    After stdin's end a read waits until the pump stops it.
+    """
+
+    def __init__(self, fd: int, *, interactive: bool, stdout: _Output) -> None:
+        self._stdin = _Stdin(fd)
+        self._stdout = stdout
+        self._interactive = interactive
+        self._ended = False
+        self.escaped = False
+        self.typed = time.monotonic()
+        """When the user last typed (monotonic), for the server's idle timeout."""
+
+    @property
+    def gone(self) -> bool:
+        return self.escaped
+
+    async def read(self) -> bytes:
+        if self.escaped:
+            return b""
+        if self._ended:
+            await asyncio.get_running_loop().create_future()
+        data = await self._stdin.read()
+        if not data:
+            self._ended = True
+        elif self._interactive and ESCAPE in data:
+            self.escaped = True
+            data = data[: data.index(ESCAPE)]
+        if data:
+            self.typed = time.monotonic()
+        return data
+
+    async def write(self, data: bytes) -> None:
+        await self._stdout.write(data)
+
+    async def write_eof(self) -> None:
+        pass  # the server's end decides the exit code
+
+    async def abort(self, reason: str) -> None:
+        pass  # the WebSocket's close code and the status say what happened
+
+    async def close(self) -> None:
+        pass
+
+
+class _Upstream:
+    """The console's WebSocket as the pump's backend, in a channel dialect.
+
+    Reads return stdout; stderr is written as it comes and the error
+    channel's Status kept. Writes go on stdin (dropped when observing, or
+    once the server is closing: its end still comes through `read`).
+    """
+
+    def __init__(self, ws: ClientWebSocket, dialect: Dialect, *, observe: bool) -> None:
+        self.ws = ws
+        self.dialect = dialect
+        self.status = bytearray()
+        self._observe = observe
+        self._stderr = _Output(sys.stderr.buffer)
+
+    async def read(self) -> bytes:
+        while True:
+            try:
+                message = await self.ws.recv()
+            except ConnectionClosed:
+                return b""
+            try:
+                event = channels.decode(self.dialect, message)
+            except channels.ChannelError as exc:
+                raise CommandError(f"malformed message from the server: {exc}") from None
+            if not isinstance(event, ChannelData):
+                continue
+            if event.channel == channels.STDOUT and event.data:
+                return event.data
+            if event.channel == channels.STDERR:
+                await self._stderr.write(event.data)
+            elif event.channel == channels.ERROR:
+                await self._failed(event.data)
+
+    async def _failed(self, data: bytes) -> None:
+        self.status += data
+        status = api.json_object(self.status)
+        if status and status.get("status") != "Success":
+            # The session failed: do not wait for a server that fails to hang up after it.
+            await self.ws.close()
+
+    async def write(self, data: bytes) -> None:
+        if not self._observe:
+            await self.send(channels.STDIN, data)
+
+    async def write_eof(self) -> None:
+        # On v4 the server cannot be told; output keeps flowing until it closes.
+        if self.dialect.close_signal and not self._observe:
+            with contextlib.suppress(ConnectionClosed):
+                await self.ws.send(bytes((channels.CLOSE_SIGNAL, channels.STDIN)))
+
+    async def send(self, channel: int, data: bytes) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self.ws.send(channels.encode(self.dialect, channel, data))
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
 class _Session:
     """One connected console: pumps both ways and decides the exit code."""
 
     def __init__(
         self,
-        ws: ClientConnection,
+        ws: ClientWebSocket,
         dialect: Dialect,
         *,
         fd: int,
@@ -261,15 +372,13 @@ class _Session:
     ) -> None:
         self._ws = ws
         self._target = target
-        self._dialect = dialect
+        self._observe = observe
         self._fd = fd
         self._interactive = interactive
-        self._observe = observe
-        self._stdin = _Stdin(fd)
-        self._stdout = stdout or _Output(sys.stdout.buffer)
-        self._stderr = _Output(sys.stderr.buffer)
-        self._status = bytearray()
-        self._typed = time.monotonic()
+        self._terminal = _Terminal(
+            fd, interactive=interactive, stdout=stdout or _Output(sys.stdout.buffer)
+        )
+        self._upstream = _Upstream(ws, dialect, observe=observe)
         self.dropped = ""
         """Why the session ended in a way worth reconnecting after (see `run`)."""
 
@@ -280,22 +389,20 @@ class _Session:
         or the connection was lost (`dropped` says which).
         """
         stopped = asyncio.Event()
-        up = asyncio.create_task(self._up())
-        down = asyncio.create_task(self._down())
+        # Once the server ends, stdin is not waited for.
+        session = asyncio.create_task(pump(self._terminal, self._upstream, Traffic(), grace=0))
         stop = asyncio.create_task(stopped.wait())
-        tasks = {up, down, stop, asyncio.create_task(self._time_left())}
+        tasks = {session, stop, asyncio.create_task(self._time_left())}
         if self._interactive:
             tasks.add(asyncio.create_task(self._resize()))
         try:
             with terminal.on_signals((signal.SIGTERM, signal.SIGHUP), stopped.set):
-                await asyncio.wait({up, down, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if up.done() and up.result():
-                    return 0
-                # stdin ended (or the server is closing): output flows until the server is done.
-                await asyncio.wait({down, stop}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({session, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if stop.done():
                     raise CommandError("stopped by a signal")
-                down.result()
+                session.result()
+            if self._terminal.escaped:
+                return 0
             if may_reconnect and self._failure() is None:
                 self.dropped = _dropped(self._ws) or ""
                 if self.dropped:
@@ -308,76 +415,23 @@ class _Session:
 
     async def _time_left(self) -> None:
         """Say how long the session has left once a limit of the server's is near."""
-        response = self._ws.response
-        if response is None:
-            return
+        local = self._terminal
         await timeleft.watch(
-            response.headers,
+            dict(self._ws.headers),
             say=lambda line: _say(f"{self._target}: {line}", interactive=self._interactive),
-            last_input=None if self._observe else lambda: self._typed,
+            last_input=None if self._observe else lambda: local.typed,
         )
-
-    async def _up(self) -> bool:
-        """Copy stdin to the server; True when the user pressed the escape key."""
-        try:
-            while data := await self._stdin.read():
-                if self._interactive and ESCAPE in data:
-                    before = data[: data.index(ESCAPE)]
-                    if before and not self._observe:
-                        await self._send(channels.STDIN, before)
-                    return True
-                if not self._observe:
-                    await self._send(channels.STDIN, data)
-                    self._typed = time.monotonic()
-            if self._dialect.close_signal:
-                await self._ws.send(bytes((channels.CLOSE_SIGNAL, channels.STDIN)))
-        except ConnectionClosed:
-            pass
-        # On v4 the server cannot be told; output keeps flowing until it closes.
-        return False
-
-    async def _down(self) -> None:
-        """Copy the server's output to ours until it closes the connection."""
-        while True:
-            try:
-                message = await self._ws.recv()
-            except ConnectionClosed:
-                return
-            try:
-                event = channels.decode(self._dialect, message)
-            except channels.ChannelError as exc:
-                raise CommandError(f"malformed message from the server: {exc}") from None
-            if isinstance(event, ChannelData):
-                await self._deliver(event)
-
-    async def _deliver(self, event: ChannelData) -> None:
-        if event.channel == channels.STDOUT:
-            await self._stdout.write(event.data)
-        elif event.channel == channels.STDERR:
-            await self._stderr.write(event.data)
-        elif event.channel == channels.ERROR:
-            self._status += event.data
-            status = api.json_object(self._status)
-            if status and status.get("status") != "Success":
-                # The session failed: do not wait for a server that fails to hang up after it.
-                await self._ws.close()
 
     async def _resize(self) -> None:
         """Send the terminal size now and after every SIGWINCH."""
         changed = asyncio.Event()
-        try:
-            with terminal.on_signals((signal.SIGWINCH,), changed.set):
-                while True:
-                    size = terminal.size(self._fd)
-                    message = {"Width": size.width, "Height": size.height}
-                    await self._send(channels.RESIZE, json.dumps(message).encode())
-                    await changed.wait()
-                    changed.clear()
-        except ConnectionClosed:
-            pass
-
-    async def _send(self, channel: int, data: bytes) -> None:
-        await self._ws.send(channels.encode(self._dialect, channel, data))
+        with terminal.on_signals((signal.SIGWINCH,), changed.set):
+            while True:
+                size = terminal.size(self._fd)
+                message = {"Width": size.width, "Height": size.height}
+                await self._upstream.send(channels.RESIZE, json.dumps(message).encode())
+                await changed.wait()
+                changed.clear()
 
     def _outcome(self) -> int:
         """0 for a clean end; raises with the server's words otherwise."""
@@ -385,7 +439,7 @@ class _Session:
         if failure is not None:
             error = CommandError(failure)
             # As `kubectl exec`: the remote command's exit status becomes ours.
-            error.exit_code = _exit_code(api.json_object(self._status)) or 1
+            error.exit_code = _exit_code(api.json_object(self._upstream.status)) or 1
             raise error
         code = self._ws.close_code
         if code == NORMAL_CLOSURE:
@@ -397,11 +451,12 @@ class _Session:
 
     def _failure(self) -> str | None:
         """The message of a non-Success `Status` on the error channel."""
-        if not self._status:
+        status_bytes = self._upstream.status
+        if not status_bytes:
             return None
-        status = api.json_object(self._status)
+        status = api.json_object(status_bytes)
         if not status:
-            return self._status.decode("utf-8", "replace")
+            return status_bytes.decode("utf-8", "replace")
         if status.get("status") == "Success":
             return None
         return str(status.get("message") or status.get("reason") or "the session failed")
@@ -419,5 +474,5 @@ def _exit_code(status: dict[str, object]) -> int | None:
     return None
 
 
-def _dropped(ws: ClientConnection) -> str | None:
+def _dropped(ws: ClientWebSocket) -> str | None:
     return reconnect.dropped(ws.close_code, ws.close_reason)

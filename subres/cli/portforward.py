@@ -37,7 +37,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
@@ -46,6 +45,9 @@ from subres.cli.api import CommandError, Target
 from subres.cli.commands import PortSpec
 from subres.cli.kubeconfig import ClientConfig
 from subres.cli.portforward_spdy import SpdyLink, SpdyTransport, TunnelTransport
+from subres.engine.pump import Traffic, pump
+from subres.engine.stream import ByteStream
+from subres.engine.wsclient import ClientWebSocket
 
 __all__ = [
     "TRANSPORTS",
@@ -85,13 +87,6 @@ def main(ns: argparse.Namespace) -> int:
             f"--transport {ns.transport} carries tcp only; use --transport websocket for udp"
         )
     config = kubeconfig.from_args(ns)
-    if config.proxy and not TRANSPORTS[ns.transport].udp:
-        # The SPDY carriers dial the server themselves and know no proxies (yet: they
-        # are moving to the shared SPDY engine).
-        raise CommandError(
-            f"--transport {ns.transport} cannot go through the kubeconfig's proxy-url; "
-            "use --transport websocket"
-        )
     return asyncio.run(_forward(config, typed, ns))
 
 
@@ -124,24 +119,12 @@ async def check(
     await api.dry_run(config, f"{url}/portforward?ports={remote}", target=target)
 
 
-class Link(Protocol):
-    """One forwarded connection (or UDP flow) as a transport carries it."""
+class Link(ByteStream, Protocol):
+    """One forwarded connection (or UDP flow) as a transport carries it.
 
-    async def send(self, data: bytes) -> None:
-        """Send a chunk (UDP: one datagram)."""
-        ...
-
-    async def receive(self) -> bytes | None:
-        """The next chunk (UDP: datagram); None once the remote side is done."""
-        ...
-
-    async def half_close(self) -> None:
-        """No more sends; replies keep arriving until the remote side ends."""
-        ...
-
-    async def close(self) -> None:
-        """End at once."""
-        ...
+    `read` returns b"" once the remote side is done (an empty datagram is
+    never delivered); `write_eof` half-closes: replies keep arriving.
+    """
 
 
 class Transport(Protocol):
@@ -167,26 +150,31 @@ class WebSocketLink:
     """
 
     def __init__(
-        self, ws: ClientConnection, *, on_drop: Callable[[str], None] | None = None
+        self, ws: ClientWebSocket, *, on_drop: Callable[[str], None] | None = None
     ) -> None:
         self._ws = ws
         self._closing: asyncio.Task[None] | None = None
         self._on_drop = on_drop
 
-    async def send(self, data: bytes) -> None:
-        await self._ws.send(data)
-
-    async def receive(self) -> bytes | None:
+    async def write(self, data: bytes) -> None:
         try:
-            message = await self._ws.recv()
-        except ConnectionClosed:
-            self._ended()
-            return None
-        return message.encode() if isinstance(message, str) else message
+            await self._ws.send(data)
+        except ConnectionClosed as exc:
+            raise ConnectionResetError(f"the WebSocket closed: {exc}") from None
 
-    async def half_close(self) -> None:
+    async def read(self) -> bytes:
+        while True:
+            try:
+                message = await self._ws.recv()
+            except ConnectionClosed:
+                self._ended()
+                return b""
+            if message:
+                return message.encode() if isinstance(message, str) else message
+
+    async def write_eof(self) -> None:
         # The server answers our close frame only after the machine's side ended,
-        # so replies keep arriving meanwhile; receive() returns None after them.
+        # so replies keep arriving meanwhile; read() returns b"" after them.
         if self._closing is None:
             self._closing = asyncio.create_task(self._ws.close())
 
@@ -271,29 +259,55 @@ TRANSPORTS: dict[str, type[WebSocketTransport | SpdyTransport]] = {
 
 async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link) -> None:
     """Copy both ways: local EOF half-closes the link; the link's end ends the local side."""
-    up = asyncio.create_task(_up(reader, link))
     try:
-        while (data := await link.receive()) is not None:
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except OSError:
-        pass  # the local peer went away
+        await pump(_Local(reader, writer), link, Traffic(), grace=0)
     finally:
-        up.cancel()
-        await asyncio.wait([up])
         await link.close()
 
 
-async def _up(reader: asyncio.StreamReader, link: Link) -> None:
-    try:
-        while data := await reader.read(READ_SIZE):
-            await link.send(data)
-    except (OSError, ConnectionClosed):
-        await link.close()
-        return
-    await link.half_close()
+class _Local:
+    """A local connection (TCP, or stdin and stdout) as the pump's client."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._gone = False
+        self._half_closed = False
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
+    async def read(self) -> bytes:
+        try:
+            if data := await self._reader.read(READ_SIZE):
+                return data
+            if not self._half_closed:
+                self._half_closed = True
+                return b""
+            # Nothing tells when a half-closed local peer goes: the pump stops
+            # this read once the link ends or a write to the peer fails.
+            await asyncio.get_running_loop().create_future()
+        except OSError:
+            pass  # the local peer went away
+        self._gone = True
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def write_eof(self) -> None:
+        if self._writer.can_write_eof() and not self._writer.is_closing():
+            with contextlib.suppress(OSError):
+                self._writer.write_eof()
+
+    async def abort(self, reason: str) -> None:
+        self._gone = True
+        self._writer.close()
+
+    async def close(self) -> None:
+        self._writer.close()
 
 
 async def _listen(
@@ -426,7 +440,12 @@ async def _stdio_link(link: Link) -> int:
 
 
 class _UdpFlow:
-    """The WebSocket of one local UDP client address, with a bounded send queue."""
+    """The WebSocket of one local UDP client address, with a bounded send queue.
+
+    As the pump's client: a read is the next datagram the local client sent,
+    a write one datagram back to it. A UDP client never ends a flow; the
+    link's end does.
+    """
 
     def __init__(self, relay: _UdpRelay, addr: Any) -> None:
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(UDP_QUEUE)
@@ -440,19 +459,31 @@ class _UdpFlow:
         except CommandError as exc:
             print(f"error: udp port {self._relay.spec.remote}: {exc}", file=sys.stderr, flush=True)
             return
-        sender = asyncio.create_task(self._send(link))
         try:
-            while (datagram := await link.receive()) is not None:
-                self._relay.reply(datagram, self._addr)
+            await pump(self, link, Traffic(), grace=0)
         finally:
-            sender.cancel()
-            await asyncio.wait([sender])
             await link.close()
 
-    async def _send(self, link: Link) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            while True:
-                await link.send(await self.queue.get())
+    @property
+    def gone(self) -> bool:
+        return False
+
+    async def read(self) -> bytes:
+        while not (datagram := await self.queue.get()):
+            pass  # an empty datagram would read as an end: links never carry one
+        return datagram
+
+    async def write(self, data: bytes) -> None:
+        self._relay.reply(data, self._addr)
+
+    async def write_eof(self) -> None:
+        pass  # UDP has no end to tell
+
+    async def abort(self, reason: str) -> None:
+        pass  # the flow ends with its link; the next datagram opens another
+
+    async def close(self) -> None:
+        pass
 
 
 class _UdpRelay(asyncio.DatagramProtocol):

@@ -17,10 +17,13 @@ import sys
 from collections.abc import Mapping
 from typing import ClassVar
 
-from subres.cli import api, carriers, reconnect
+from subres.cli import api, reconnect
 from subres.cli.api import CommandError, Target
 from subres.cli.kubeconfig import ClientConfig
-from subres.engine.spdy import Carrier, SpdySession, SpdyStream
+from subres.engine import client, wsclient
+from subres.engine.spdy import FLUSH_TIMEOUT, Carrier, SpdySession, SpdyStream
+from subres.engine.tunnel import WebSocketCarrier
+from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
 from subres.protocol.spdy import Role, SpdyError
 
@@ -30,6 +33,8 @@ OPEN_TIMEOUT = 30.0
 COMPLAINT_WAIT = 5.0
 """After a data stream ends, seconds its error stream may take to end (with any message)."""
 MAX_COMPLAINT = 64 * 1024
+MAX_MESSAGE = 16 * 1024 * 1024
+"""Largest tunnelled WebSocket message taken from the server (it sends at most 256 KiB)."""
 PING_INTERVAL = 5.0
 """client-go's SPDY ping period; three silent periods end the session."""
 
@@ -43,20 +48,20 @@ class SpdyLink:
         self._data = data
         self._complaint = asyncio.create_task(_complaint(error, data))
 
-    async def send(self, data: bytes) -> None:
+    async def write(self, data: bytes) -> None:
         await self._data.write(data)
 
-    async def receive(self) -> bytes | None:
-        """The next chunk; None at the end; `CommandError` with the server's complaint."""
+    async def read(self) -> bytes:
+        """The next chunk; b"" at the end; `CommandError` with the server's complaint."""
         if chunk := await self._data.read():
             return chunk
         # The server writes its complaint before it ends the pair.
         done, _ = await asyncio.wait([self._complaint], timeout=COMPLAINT_WAIT)
         if done and (message := self._complaint.result()):
             raise CommandError(message)
-        return None
+        return b""
 
-    async def half_close(self) -> None:
+    async def write_eof(self) -> None:
         await self._data.write_eof()
 
     async def close(self) -> None:
@@ -160,7 +165,7 @@ class SpdyTransport:
         async def attempt(headers: Mapping[str, str]) -> Carrier:
             try:
                 return await self._upgrade(f"{self._base}/portforward", headers)
-            except carriers.UpgradeRefused as exc:
+            except client.UpgradeRefused as exc:
                 raise api.refusal(exc.status, exc.body, target=self._target) from None
 
         try:
@@ -170,15 +175,33 @@ class SpdyTransport:
             raise api.unreachable(self._config, exc) from None
 
     async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
-        return await carriers.upgrade(self._peer(url, headers), protocol=pairs.PROTOCOL)
-
-    def _peer(self, url: str, headers: Mapping[str, str]) -> carriers.Peer:
-        config = self._config
-        return carriers.Peer(url, headers, config.ssl, config.server_hostname)
+        """POST a SPDY/3.1 upgrade for port-forward; the connection after the 101."""
+        request = {
+            "Connection": "Upgrade",
+            "Upgrade": httpstream.SPDY_UPGRADE,
+            httpstream.VERSION_HEADER: pairs.PROTOCOL,
+            "Content-Length": "0",
+        }
+        conn = await client.upgrade(
+            api.peer(self._config, url, headers),
+            method="POST",
+            headers=request,
+            stream=client.UpgradedStream,
+        )
+        if conn.answer.get(httpstream.VERSION_HEADER.lower()) != pairs.PROTOCOL:
+            await conn.close()
+            raise ConnectionError("the server chose no stream protocol we offered")
+        return conn
 
 
 class TunnelTransport(SpdyTransport):
     """The same stream pairs, the SPDY bytes in one WebSocket (`SPDY/3.1+portforward.k8s.io`)."""
 
     async def _upgrade(self, url: str, headers: Mapping[str, str]) -> Carrier:
-        return await carriers.tunnel(self._peer(url, headers), subprotocol=pairs.TUNNEL_PROTOCOL)
+        ws = await wsclient.connect(
+            api.peer(self._config, url, headers),
+            subprotocols=[pairs.TUNNEL_PROTOCOL],
+            max_size=MAX_MESSAGE,
+            close_timeout=FLUSH_TIMEOUT,
+        )
+        return WebSocketCarrier(ws, linger=False)

@@ -31,11 +31,12 @@ async def watch(
 ) -> None:
     """Say the time left as limits near; `last_input` (monotonic) for the idle timeout, None
     for a session that sends no input. Returns when no limit is left to watch."""
+    headers = {name.lower(): value for name, value in headers.items()}
     tasks = []
-    duration = _seconds(headers.get(DURATION_HEADER))
+    duration = _seconds(headers.get(DURATION_HEADER.lower()))
     if duration is not None:
         tasks.append(_duration(time.monotonic() + duration, say))
-    idle = _seconds(headers.get(IDLE_HEADER))
+    idle = _seconds(headers.get(IDLE_HEADER.lower()))
     if idle is not None and last_input is not None:
         tasks.append(_idle(idle, say, last_input))
     if tasks:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import errno
 import hmac
 import ipaddress
@@ -36,12 +35,13 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import quote, urlsplit
 
 from aiohttp import WSMsgType, web
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from subres.cli import api, kubeconfig, terminal
 from subres.cli.api import CommandError, ServerError
 from subres.cli.kubeconfig import ClientConfig
+from subres.engine.pump import Traffic, pump
+from subres.engine.wsclient import ClientWebSocket
 from subres.protocol import channels
 from subres.web import page
 
@@ -341,32 +341,84 @@ def _upstream_url(
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}{api_prefix}/namespaces/{path}{query}"
 
 
-async def _pump(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
-    """Copy both ways; the first side to end ends the other."""
-    tasks = {asyncio.create_task(_down(ws, upstream)), asyncio.create_task(_up(ws, upstream))}
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
-        code = upstream.close_code if upstream.close_code not in (None, 1005, 1006) else 1000
-        await ws.close(code=code, message=(upstream.close_reason or "").encode()[:120])
+async def _pump(ws: web.WebSocketResponse, upstream: ClientWebSocket) -> None:
+    """Copy both ways, message by message; the first side to end ends the other."""
+    text = "base64" in (upstream.subprotocol or "")
+    await pump(_Page(ws, text=text), _Cluster(upstream, text=text), Traffic(), grace=0)
+    code = upstream.close_code if upstream.close_code not in (None, 1005, 1006) else 1000
+    await ws.close(code=code, message=(upstream.close_reason or "").encode()[:120])
 
 
-async def _up(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
-    with contextlib.suppress(ConnectionClosed):
-        async for message in ws:
-            if message.type in (WSMsgType.BINARY, WSMsgType.TEXT):
-                await upstream.send(message.data)
+class _Page:
+    """The page's WebSocket as the pump's client: one read, one message.
+
+    Base64 channel subprotocols travel in text messages, the others in binary.
+    """
+
+    def __init__(self, ws: web.WebSocketResponse, *, text: bool) -> None:
+        self._ws = ws
+        self._text = text
+        self._gone = False
+
+    @property
+    def gone(self) -> bool:
+        return self._gone or self._ws.closed
+
+    async def read(self) -> bytes:
+        while not self.gone:
+            message = await self._ws.receive()
+            data: bytes
+            if message.type is WSMsgType.TEXT:
+                data = str(message.data).encode()
+            elif message.type is WSMsgType.BINARY:
+                data = bytes(message.data)
             else:
                 break
+            if data:
+                return data
+        self._gone = True
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        if self._text:
+            await self._ws.send_str(data.decode(errors="replace"))
+        else:
+            await self._ws.send_bytes(data)
+
+    async def write_eof(self) -> None:
+        pass  # the page is closed with the cluster's close code once the pump is done
+
+    async def abort(self, reason: str) -> None:
+        self._gone = True
+
+    async def close(self) -> None:
+        pass
 
 
-async def _down(ws: web.WebSocketResponse, upstream: ClientConnection) -> None:
-    with contextlib.suppress(ConnectionClosed, ConnectionResetError):
-        async for message in upstream:
-            if isinstance(message, bytes):
-                await ws.send_bytes(message)
-            else:
-                await ws.send_str(message)
+class _Cluster:
+    """The cluster's WebSocket as the pump's backend: one read, one message."""
+
+    def __init__(self, ws: ClientWebSocket, *, text: bool) -> None:
+        self._ws = ws
+        self._text = text
+
+    async def read(self) -> bytes:
+        while True:
+            try:
+                message = await self._ws.recv()
+            except ConnectionClosed:
+                return b""
+            if data := message.encode() if isinstance(message, str) else message:
+                return data
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._ws.send(data.decode(errors="replace") if self._text else data)
+        except ConnectionClosed as exc:
+            raise ConnectionResetError(str(exc)) from None
+
+    async def write_eof(self) -> None:
+        pass  # the page never half-closes
+
+    async def close(self) -> None:
+        await self._ws.close()

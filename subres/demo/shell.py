@@ -21,7 +21,16 @@ import termios
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EOT", "EndOfInput", "ShellServer", "hang_up", "pty_streams", "spawn", "write_inputrc"]
+__all__ = [
+    "EOT",
+    "EndOfInput",
+    "PtyInput",
+    "ShellServer",
+    "hang_up",
+    "pty_streams",
+    "spawn",
+    "write_inputrc",
+]
 
 log = logging.getLogger(__name__)
 
@@ -125,20 +134,80 @@ async def spawn(
     )
 
 
-async def pty_streams(master: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def pty_streams(master: int) -> tuple[asyncio.StreamReader, PtyInput]:
     """A reader of the shell's output and a writer of its input, over the PTY leader.
 
-    Each uses a duplicate of `master`, which the caller still closes.
+    The reader uses a duplicate of `master`, which the caller still closes.
     """
     loop = asyncio.get_running_loop()
     tty_out = asyncio.StreamReader(limit=1 << 17)
     await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(tty_out), os.fdopen(os.dup(master), "rb", 0)
     )
-    transport, protocol = await loop.connect_write_pipe(
-        asyncio.streams.FlowControlMixin, os.fdopen(os.dup(master), "wb", 0)
-    )
-    return tty_out, asyncio.StreamWriter(transport, protocol, None, loop)
+    return tty_out, PtyInput(os.dup(master))
+
+
+class PtyInput:
+    """What is typed into the PTY: written when the leader takes it, with `drain`.
+
+    Not a write-pipe transport: uvloop's reads its pipe to notice the far end
+    closing, and on a PTY leader that read takes the shell's output.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        os.set_blocking(fd, False)
+        self._pending = bytearray()
+        self._drained: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._closed = False
+
+    def write(self, data: bytes) -> None:
+        """Type `data` (what the PTY does not take now waits for it)."""
+        if self._closed:
+            raise BrokenPipeError("the PTY input is closed")
+        if not self._pending:
+            with contextlib.suppress(BlockingIOError):
+                data = data[os.write(self._fd, data) :]
+            if not data:
+                return
+            self._loop.add_writer(self._fd, self._flush)
+        self._pending += data
+
+    def _flush(self) -> None:
+        try:
+            del self._pending[: os.write(self._fd, self._pending)]
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._pending.clear()
+            self._wake(exc)
+            return
+        if not self._pending:
+            self._wake(None)
+
+    def _wake(self, exc: OSError | None) -> None:
+        self._loop.remove_writer(self._fd)
+        if self._drained is not None and not self._drained.done():
+            if exc is None:
+                self._drained.set_result(None)
+            else:
+                self._drained.set_exception(exc)
+
+    async def drain(self) -> None:
+        """Wait until the PTY took everything written."""
+        if self._pending:
+            self._drained = self._loop.create_future()
+            await self._drained
+
+    def close(self) -> None:
+        """Stop typing; what was not taken is dropped."""
+        if not self._closed:
+            self._closed = True
+            if self._pending:
+                self._pending.clear()
+                self._wake(None)
+            os.close(self._fd)
 
 
 async def _relay(master: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -167,7 +236,7 @@ class EndOfInput:
     reads the first one.
     """
 
-    def __init__(self, master: int, tty_in: asyncio.StreamWriter) -> None:
+    def __init__(self, master: int, tty_in: PtyInput) -> None:
         self._master = master
         self._tty_in = tty_in
         self._closed = False
@@ -203,7 +272,7 @@ def _nothing() -> None:
 
 async def _copy(
     src: asyncio.StreamReader,
-    dst: asyncio.StreamWriter,
+    dst: asyncio.StreamWriter | PtyInput,
     *,
     each: Callable[[], None] = _nothing,
     at_end: Callable[[], None] = _nothing,

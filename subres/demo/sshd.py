@@ -208,7 +208,7 @@ class _ShellSession(asyncssh.SSHServerSession[bytes]):
             await asyncio.wait([feeding])
             tty_in.close()
 
-    async def _feed(self, tty_in: asyncio.StreamWriter, end_of_input: shells.EndOfInput) -> None:
+    async def _feed(self, tty_in: shells.PtyInput, end_of_input: shells.EndOfInput) -> None:
         with contextlib.suppress(OSError):
             while (data := await self.input.get()) is not None:
                 tty_in.write(data)

@@ -1,6 +1,6 @@
-"""The one place that touches aiohttp's and asyncio's private internals.
+"""The one place that touches private internals of aiohttp, asyncio, uvloop and asyncssh.
 
-subres needs four things no public API offers:
+subres needs five things no public API offers:
 
 - `take_over`: the bytes after our own `101` for SPDY/3.1, which aiohttp does
   not know (its request handler's `set_parser`, as its own WebSocket
@@ -11,22 +11,28 @@ subres needs four things no public API offers:
   so raw uploads batch several messages into one backend write (aiohttp's
   message queue, `ws._reader._buffer`);
 - `share_ssl_read_buffer`: one TLS read buffer per process instead of
-  asyncio's 256 KiB per connection (`asyncio.sslproto.SSLProtocol`).
+  asyncio's 256 KiB per connection (`asyncio.sslproto.SSLProtocol`);
+- `send_window`: how much an SSH server lets us send now (asyncssh's
+  channel counter `_send_window`), so a forward waits for window instead of
+  queueing without bound.
 
-On import, `check` verifies the shape each relies on and raises
-`InternalsChanged` naming what moved, so a changed dependency stops the
-server at start instead of failing on a live session;
+On import, `check` verifies the shape each aiohttp and asyncio detail relies
+on and raises `InternalsChanged` naming what moved, so a changed dependency
+stops the server at start instead of failing on a live session;
+`check_asyncssh` does the same for asyncssh when the SSH backend is imported
+(the CLI never imports asyncssh). uvloop's internals are read nowhere: its
+version is only checked, where `subres.serving.loops` starts it.
 `tests/engine/test_internals.py` drives every one against the real objects.
 `pyproject.toml` bounds the versions this was written for (`TESTED`).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from asyncio import sslproto
 from typing import Any
 
-import aiohttp
 from aiohttp import WSMsgType, web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.web_protocol import RequestHandler
@@ -36,14 +42,21 @@ __all__ = [
     "InternalsChanged",
     "binary_queued",
     "check",
+    "check_asyncssh",
+    "check_version",
     "drain",
+    "send_window",
     "share_ssl_read_buffer",
     "take_over",
 ]
 
 log = logging.getLogger(__name__)
 
-TESTED = {"aiohttp": ((3, 14), (3, 15))}
+TESTED = {
+    "aiohttp": ((3, 14), (3, 15)),
+    "asyncssh": ((2, 17), (2, 25)),
+    "uvloop": ((0, 21), (0, 24)),
+}
 """Versions (from, up to but excluding) whose internals this module was checked against."""
 
 
@@ -104,6 +117,37 @@ def share_ssl_read_buffer() -> None:
     protocol._subres_shared_buffer = True  # type: ignore[attr-defined]
 
 
+def send_window(channel: object) -> int | None:
+    """How many bytes the SSH server lets an asyncssh channel send now; None when unknown."""
+    window = getattr(channel, "_send_window", None)
+    return window if isinstance(window, int) else None
+
+
+def check_asyncssh() -> None:
+    """Raise `InternalsChanged` unless asyncssh's channel still keeps `_send_window`."""
+    from asyncssh.channel import SSHChannel
+
+    if "_send_window" not in SSHChannel.__init__.__code__.co_names:
+        raise InternalsChanged(
+            "private internals subres relies on are gone: asyncssh SSHChannel._send_window"
+        )
+    check_version("asyncssh")
+
+
+def check_version(package: str) -> None:
+    """Log a warning when `package` is outside the versions `TESTED` names for it."""
+    text = importlib.metadata.version(package)
+    version = tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+    low, high = TESTED[package]
+    if not low <= version < high:
+        log.warning(
+            "%s %s is outside the versions subres's internals were checked against (%s)",
+            package,
+            text,
+            "{}.{} to before {}.{}".format(*low, *high),
+        )
+
+
 def check() -> None:
     """Raise `InternalsChanged` unless every detail above is where this module expects it."""
     expected = {
@@ -118,14 +162,7 @@ def check() -> None:
     }
     if missing := [name for name, present in expected.items() if not present]:
         raise InternalsChanged(f"private internals subres relies on are gone: {', '.join(missing)}")
-    version = tuple(int(p) for p in aiohttp.__version__.split(".")[:2])
-    low, high = TESTED["aiohttp"]
-    if not low <= version < high:
-        log.warning(
-            "aiohttp %s is outside the versions subres's internals were checked against (%s)",
-            aiohttp.__version__,
-            "{}.{} to before {}.{}".format(*low, *high),
-        )
+    check_version("aiohttp")
 
 
 check()

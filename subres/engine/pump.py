@@ -78,16 +78,18 @@ class _BackendFailed(Exception):
     """The backend failed while the pump used it; the message says how."""
 
 
-async def pump(client: ClientStream, backend: ByteStream, traffic: Traffic) -> Outcome:
+async def pump(
+    client: ClientStream, backend: ByteStream, traffic: Traffic, *, grace: float = END_GRACE
+) -> Outcome:
     """Copy both ways until the session ends; the caller closes the backend.
 
     The upload runs in the caller's task and the download in one of its own
     (a task less per idle session). When the download ends first, `_Stop`
     interrupts the upload: at once if the client or the backend failed, after
-    `END_GRACE` when the backend ended and the client was told.
+    `grace` seconds when the backend ended and the client was told.
     """
     down = asyncio.create_task(_down(backend, client, traffic))
-    stop = _Stop(asyncio.current_task())
+    stop = _Stop(asyncio.current_task(), grace)
     down.add_done_callback(stop.down_ended)
     failure = ""
     try:
@@ -113,9 +115,10 @@ async def pump(client: ClientStream, backend: ByteStream, traffic: Traffic) -> O
 class _Stop:
     """Cancels the upload's task once the download ended, and owns up to having done so."""
 
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+    def __init__(self, task: asyncio.Task[Any] | None, grace: float) -> None:
         assert task is not None, "pump runs in a task"
         self._task = task
+        self._grace = grace
         self._timer: asyncio.TimerHandle | None = None
         self._armed = True
         self._fired = False
@@ -123,9 +126,9 @@ class _Stop:
     def down_ended(self, down: asyncio.Task[Outcome]) -> None:
         if down.cancelled() or not self._armed:
             return
-        if down.result().ending is Ending.BACKEND:
+        if down.exception() is None and down.result().ending is Ending.BACKEND:
             # The client was told; its side ends once it has seen that.
-            self._timer = asyncio.get_running_loop().call_later(END_GRACE, self._fire)
+            self._timer = asyncio.get_running_loop().call_later(self._grace, self._fire)
         else:
             self._fire()
 

@@ -36,11 +36,11 @@ from subres.protocol.spdy import (
     Role,
     RstStatus,
     SpdyConnection,
-    SpdyError,
     StreamEnded,
     StreamOpened,
     StreamReplied,
     StreamReset,
+    StreamState,
 )
 
 __all__ = [
@@ -93,9 +93,11 @@ class Carrier(Protocol):
 class SpdyStream:
     """One stream of a session, opened by either end; a `ClientStream` for the pump.
 
-    `read` returns b"" once at the peer's half-close (FIN), then waits until
-    the stream is gone: reset, closed by us, both sides finished, or the
-    session ended; after that it returns b"" at once.
+    Its state is the codec's (`SpdyConnection.stream_state`) while the session
+    holds it; a stream the session let go (reset by either end, closed by us,
+    or the session ended) is CLOSED. `read` returns b"" once at the peer's
+    half-close (FIN), then waits until the stream is gone; after that it
+    returns b"" at once.
     """
 
     def __init__(self, session: SpdySession, stream_id: int, headers: Headers = ()) -> None:
@@ -107,11 +109,11 @@ class SpdyStream:
         self._chunks: list[bytes] = []
         self._size = 0
         self._changed = asyncio.Event()
-        self._replied = False
-        self._remote_ended = False
         self._eof_read = False
-        self._local_ended = False
-        self._dead = False
+        """`read` has returned the b"" of the peer's FIN (not codec state: ours)."""
+        self.peer_replied = False
+        """The peer's SYN_REPLY arrived: history, which the codec forgets with the stream
+        (a reply and a reset can come in one read, before anyone waited)."""
 
     def __repr__(self) -> str:
         return f"<SpdyStream {self.stream_id} {dict(self.headers)}>"
@@ -121,25 +123,44 @@ class SpdyStream:
         return next((value for key, value in self.headers if key == name), "")
 
     @property
+    def state(self) -> StreamState:
+        """Where the stream is in its life (the codec's table while the session holds it)."""
+        if not self._held:
+            return StreamState.CLOSED
+        return self.session._conn.stream_state(self.stream_id)
+
+    @property
+    def _held(self) -> bool:
+        return self.session._streams.get(self.stream_id) is self
+
+    @property
     def gone(self) -> bool:
         """Nothing flows either way any more."""
-        return self._dead or (self._remote_ended and self._local_ended)
+        return self.state is StreamState.CLOSED
+
+    @property
+    def _remote_ended(self) -> bool:
+        return self.state in (StreamState.HALF_CLOSED_REMOTE, StreamState.CLOSED)
+
+    @property
+    def _local_ended(self) -> bool:
+        return self.state in (StreamState.HALF_CLOSED_LOCAL, StreamState.CLOSED)
 
     def reply(self) -> None:
-        """Accept a stream the peer opened: an empty SYN_REPLY."""
-        if not self._dead:
+        """Accept a stream the peer opened: an empty SYN_REPLY (nothing once it is gone)."""
+        if self._held:
             self.session._command(lambda conn: conn.reply(self.stream_id))
 
     async def wait_replied(self) -> None:
         """Wait for the peer's SYN_REPLY; ConnectionResetError when it refused the stream."""
-        while not self._replied:
-            if self._dead:
+        while not self.peer_replied:
+            if self.gone:
                 raise ConnectionResetError(f"the peer refused stream {self.stream_id}")
             await self._wait()
 
     def reset(self) -> None:
-        """Refuse or abandon the stream: RST_STREAM (CANCEL)."""
-        if not self._dead:
+        """Refuse or abandon the stream: RST_STREAM (CANCEL), unless the codec closed it already."""
+        if self._held:
             self.session._command(lambda conn: conn.reset_stream(self.stream_id, RstStatus.CANCEL))
             self._end()
 
@@ -164,15 +185,15 @@ class SpdyStream:
 
     async def write_eof(self) -> None:
         """Half-close our side: an empty DATA frame with FIN."""
-        if not self._dead and not self._local_ended:
-            self._local_ended = True
+        if not self._local_ended:
             self.session._command(lambda conn: conn.end_stream(self.stream_id))
             self._changed.set()
 
     async def close(self) -> None:
         """We are done with the stream: half-close our side; what still arrives is dropped."""
         await self.write_eof()
-        self._end()
+        if self._held:
+            self._end()
 
     async def abort(self, reason: str) -> None:
         """Reset the stream because something failed."""
@@ -190,17 +211,8 @@ class SpdyStream:
         self._size += len(data)
         self._changed.set()
 
-    def _replied_by_peer(self) -> None:
-        self._replied = True
-        self._changed.set()
-
-    def _ended_by_peer(self) -> None:
-        self._remote_ended = True
-        self._changed.set()
-
     def _end(self) -> None:
-        """Gone: no more input is kept and waiters wake."""
-        self._dead = True
+        """Let go: no more input is kept and waiters wake."""
         self._chunks = []
         self._size = 0
         self.session._forget(self)
@@ -342,25 +354,25 @@ class SpdySession:
     # -- commands from streams ---------------------------------------------------
 
     def _command(self, command: Callable[[SpdyConnection], object]) -> None:
+        """Run a codec command; its `SpdyError` is a bug of ours and raises.
+
+        Streams the peer reset are let go in the same step as the codec
+        forgets them, so no command reaches a stream closed under it.
+        """
         if self.ended:
             return
-        try:
-            command(self._conn)
-        except SpdyError as exc:
-            log.debug("SPDY command refused: %s", exc)
+        command(self._conn)
         self._output.set()
 
     async def _send(self, stream: SpdyStream, data: bytes) -> None:
         while self._conn.bytes_to_send >= SEND_HIGH_WATER and not self.ended:
             self._room.clear()
             await self._room.wait()
-        if stream.gone or stream._local_ended:
+        # The one failure tolerated: the peer reset the stream (or the session
+        # ended) while this write waited for room.
+        if stream._local_ended:
             raise ConnectionResetError(f"stream {stream.stream_id} is closed")
-        try:
-            self._conn.send_data(stream.stream_id, data)
-        except SpdyError as exc:
-            stream._end()
-            raise ConnectionResetError(f"stream {stream.stream_id}: {exc}") from None
+        self._conn.send_data(stream.stream_id, data)
         self._output.set()
 
     def _drained(self, stream: SpdyStream) -> None:
@@ -418,14 +430,15 @@ class SpdySession:
             case StreamOpened(stream_id=sid, headers=headers):
                 self._opened_by_peer(sid, headers)
             case StreamReplied(stream_id=sid) if sid in self._streams:
-                self._streams[sid]._replied_by_peer()
+                self._streams[sid].peer_replied = True
+                self._streams[sid]._changed.set()
+            case StreamEnded(stream_id=sid) if sid in self._streams:
+                self._streams[sid]._changed.set()
             case DataReceived(stream_id=sid, data=data) if sid in self._streams:
                 stream = self._streams[sid]
                 stream._received(data)
                 if stream._size >= STREAM_BUFFER:
                     self._full.add(sid)
-            case StreamEnded(stream_id=sid) if sid in self._streams:
-                self._streams[sid]._ended_by_peer()
             case StreamReset(stream_id=sid) if sid in self._streams:
                 self._streams[sid]._end()
             case GoAwayReceived():

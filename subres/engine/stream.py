@@ -7,14 +7,33 @@ implement it; the pump and the session carriers only see this shape.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from subres.protocol.channels import ChannelError, parse_resize
 
-__all__ = ["ByteStream", "Terminal"]
+__all__ = ["CLOSE_LINGER", "ByteStream", "Terminal", "linger"]
 
 log = logging.getLogger(__name__)
+
+CLOSE_LINGER = 5.0
+"""Seconds a closing connection waits for the peer to hang up first.
+
+Closing first loses data: a Go peer that sees EOF drops the frames it has read
+but not yet handed to its streams (the final exit status among them), and a
+peer whose unread bytes meet a closed socket gets a TCP reset.
+"""
+
+
+async def linger(read: Callable[[], Awaitable[bytes]], seconds: float = CLOSE_LINGER) -> None:
+    """Read and drop what the peer still sends until it hangs up, at most `seconds`."""
+    with contextlib.suppress(TimeoutError, OSError, RuntimeError):
+        async with asyncio.timeout(seconds):
+            while await read():
+                pass
 
 
 class ByteStream(Protocol):

@@ -1,32 +1,54 @@
-"""SPDY tunnelled in a WebSocket (`SPDY/3.1+portforward.k8s.io`): the server's carrier.
+"""The one WebSocket carrier: a byte stream in binary WebSocket messages, for either end.
 
 kubectl 1.31 and later send port-forward's SPDY byte stream in binary
-WebSocket messages; `WebSocketCarrier` gives `subres.engine.spdy` that byte
-stream over an upgraded aiohttp WebSocket.
+WebSocket messages (`SPDY/3.1+portforward.k8s.io`). `WebSocketCarrier` turns
+any `Messages` (the server's aiohttp WebSocket through
+`subres.engine.websocket.ServerMessages`, the CLI's `ClientWebSocket` as it
+is) into the byte carrier `subres.engine.spdy` runs over. Message boundaries
+mean nothing; a close (or anything but binary) is the end.
 """
 
 from __future__ import annotations
 
-import contextlib
+from typing import Protocol
 
-from aiohttp import WSMsgType, web
-
-from subres.engine import internals, upgrade
 from subres.engine.spdy import WRITE_CHUNK
-from subres.engine.websocket import CloseCode
+from subres.engine.stream import linger
 
-__all__ = ["WebSocketCarrier"]
+__all__ = ["Messages", "WebSocketCarrier"]
+
+
+class Messages(Protocol):
+    """A WebSocket as the carrier sees it."""
+
+    async def next_binary(self) -> bytes | None:
+        """The next message's payload if it is binary; None at the end or for anything else."""
+        ...
+
+    def binary_ready(self) -> bool:
+        """A binary message was received and `next_binary` returns it without waiting."""
+        ...
+
+    async def send_binary(self, data: bytes) -> None:
+        """Send one binary message."""
+        ...
+
+    async def close_normally(self) -> None:
+        """Close with 1000; a peer already gone is fine."""
+        ...
 
 
 class WebSocketCarrier:
-    """SPDY tunnelled in a WebSocket (`SPDY/3.1+portforward.k8s.io`).
+    """A byte stream carried in binary messages of `messages`.
 
-    Binary messages carry the byte stream; their boundaries mean nothing.
-    A close (1000) is EOF.
+    The server lets its peer close first (`linger`): a Go client that meets
+    our close drops what it read but did not hand out. The client closes at
+    once and waits for the server's answer.
     """
 
-    def __init__(self, ws: web.WebSocketResponse) -> None:
-        self.ws = ws
+    def __init__(self, messages: Messages, *, linger: bool) -> None:
+        self.messages = messages
+        self._linger = linger
         self._ended = False
 
     async def read(self) -> bytes:
@@ -34,28 +56,28 @@ class WebSocketCarrier:
 
         Waits for one non-empty message, then takes those already received
         (client-go sends a frame's header and payload as separate small
-        messages). b"" on close or anything else.
+        messages). b"" at the end.
         """
         parts: list[bytes] = []
         size = 0
-        while not self._ended and not self.ws.closed:
-            if parts and (size >= WRITE_CHUNK or not internals.binary_queued(self.ws)):
+        while not self._ended:
+            if parts and (size >= WRITE_CHUNK or not self.messages.binary_ready()):
                 break
-            msg = await self.ws.receive()
-            if msg.type is not WSMsgType.BINARY:
+            data = await self.messages.next_binary()
+            if data is None:
                 self._ended = True
                 break
-            if msg.data:
-                parts.append(bytes(msg.data))
-                size += len(msg.data)
+            if data:
+                parts.append(data)
+                size += len(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def write(self, data: bytes) -> None:
         """One binary message."""
-        await self.ws.send_bytes(data)
+        await self.messages.send_binary(data)
 
     async def close(self) -> None:
-        """Let the peer close first (within `CLOSE_LINGER`), then close with 1000."""
-        await upgrade.linger(self.read)
-        with contextlib.suppress(OSError, RuntimeError):
-            await self.ws.close(code=CloseCode.NORMAL)
+        """Close with 1000; when lingering, after the peer closed (within `CLOSE_LINGER`)."""
+        if self._linger:
+            await linger(self.read)
+        await self.messages.close_normally()

@@ -11,32 +11,17 @@ the connection close.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 
 from aiohttp import web
 
 from subres.engine import internals
+from subres.engine.stream import linger
 
-__all__ = ["CLOSE_LINGER", "READ_HIGH_WATER", "UpgradedSocket", "linger", "upgrade"]
+__all__ = ["READ_HIGH_WATER", "UpgradedSocket", "upgrade"]
 
 READ_HIGH_WATER = 256 * 1024
 """Bytes received and not yet read before the socket stops reading."""
-CLOSE_LINGER = 5.0
-"""Seconds a closing connection waits for the peer to hang up first.
-
-Closing first loses data: a Go peer that sees EOF drops the frames it has read
-but not yet handed to its streams (the final exit status among them), and a
-peer whose unread bytes meet a closed socket gets a TCP reset.
-"""
-
-
-async def linger(read: Callable[[], Awaitable[bytes]], seconds: float = CLOSE_LINGER) -> None:
-    """Read and drop what the peer still sends until it hangs up, at most `seconds`."""
-    with contextlib.suppress(TimeoutError, OSError, RuntimeError):
-        async with asyncio.timeout(seconds):
-            while await read():
-                pass
 
 
 class UpgradedSocket:
@@ -106,7 +91,7 @@ class UpgradedSocket:
         await internals.drain(self._request)
 
     async def close(self) -> None:
-        """Let the peer hang up first (within `CLOSE_LINGER`), then close."""
+        """Let the peer hang up first (within `stream.CLOSE_LINGER`), then close."""
         await linger(self.read)
         self._transport.close()
 

@@ -8,6 +8,7 @@ becomes a close frame with a code and a reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -22,6 +23,7 @@ from subres.protocol.channels import ChannelClosed, ChannelError, Dialect, Frami
 __all__ = [
     "BATCH",
     "CloseCode",
+    "ServerMessages",
     "WebSocketClient",
     "WebSocketEnd",
     "close_websocket",
@@ -187,3 +189,26 @@ class WebSocketClient(WebSocketEnd):
             await self.ws.send_str(message)
         else:
             await self.ws.send_bytes(message)
+
+
+class ServerMessages:
+    """`Messages` over the server's aiohttp `WebSocketResponse`."""
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+
+    async def next_binary(self) -> bytes | None:
+        if self.ws.closed:
+            return None
+        msg = await self.ws.receive()
+        return bytes(msg.data) if msg.type is WSMsgType.BINARY else None
+
+    def binary_ready(self) -> bool:
+        return internals.binary_queued(self.ws)
+
+    async def send_binary(self, data: bytes) -> None:
+        await self.ws.send_bytes(data)
+
+    async def close_normally(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            await self.ws.close(code=CloseCode.NORMAL)

@@ -35,7 +35,7 @@ upgrade, each a Status; the live part):
 
 Every live part runs inside `session.live` (register, takeover, count, one
 log line, the `Record` of how it ended) and stops when either side is gone.
-Backends are `backends.stream.SocketStream` (tcp, unix),
+Backends are `engine.sockets.SocketStream` (tcp, unix),
 `backends.datagram.DatagramStream` (udp) or an SSH channel of
 `backends.ssh.Pool` (`ssh://` consoles, forwards through a jump host), vetted
 by `backends.endpoint`. `/apis/{group}/{version}/version` is the version

@@ -3,11 +3,12 @@
 Writes into `--out` one CA (`ca.crt`/`ca.key`) and the pairs it signs:
 `tls.*` serving the APIService (SANs `<service>.<namespace>.svc` and its
 short and long forms), `agent.*` serving every node agent
-(`subres-agent.<namespace>.svc`), `replica.*` the replicas' certificate,
+(`subres-agent.<agent namespace>.svc`), `replica.*` the replicas' certificate,
 their client identity towards agents and each other and their serving
 certificate on the peer port (CN and DNS name `subres-replica`). Then the manifests:
 `secret.yaml` (the three `kubernetes.io/tls` Secrets the Deployment and the
-DaemonSet mount, each with its `ca.crt`), `apiservice-cabundle.yaml` (a
+DaemonSet mount, each with its `ca.crt`, the agents' in the agents' own
+namespace), `apiservice-cabundle.yaml` (a
 patch giving the APIService the CA) and `kustomization.yaml`, a kustomize
 `Component` holding both, which `deploy/self-signed` includes. Nothing needs
 editing; none of it belongs in git (`.gitignore` says `deploy/certs/`).
@@ -31,12 +32,18 @@ AGENT_SECRET = "subres-agent-tls"
 AGENT_CLIENT_SECRET = "subres-agent-client"
 """The replicas' client pair for agents; its `ca.crt` is the CA agents' certificates chain to."""
 APISERVICE = "v1alpha1.subresources.subres.dev"
+AGENT_NAMESPACE = "subres-agents"
+"""deploy/'s namespace of the node agents: their hostPath needs the `privileged` Pod
+Security level, which the replicas' namespace (`restricted`) does not grant."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `certs` flags."""
     parser.add_argument("--service", default="subres", help="Service name")
     parser.add_argument("--namespace", default="subres-system", help="Service namespace")
+    parser.add_argument(
+        "--agent-namespace", default=AGENT_NAMESPACE, help="the node agents' namespace"
+    )
     parser.add_argument("--out", type=Path, required=True, help="directory to write into")
     parser.add_argument(
         "--apiservice",
@@ -58,7 +65,7 @@ def run(ns: argparse.Namespace) -> int:
             dns_names=[n for n in dns_names if n != "localhost"],
             ip_addresses=[],
         ),
-        "agent": certs.issue_agent_serving(ca, namespace=ns.namespace),
+        "agent": certs.issue_agent_serving(ca, namespace=ns.agent_namespace),
         "replica": certs.issue_replica_client(ca),
     }
     ca.write(out / "ca.crt", out / "ca.key")
@@ -66,7 +73,7 @@ def run(ns: argparse.Namespace) -> int:
         pair.write(out / f"{name}.crt", out / f"{name}.key")
     secrets = [
         _secret(SECRET, pairs["tls"], ca=ca, namespace=ns.namespace),
-        _secret(AGENT_SECRET, pairs["agent"], ca=ca, namespace=ns.namespace),
+        _secret(AGENT_SECRET, pairs["agent"], ca=ca, namespace=ns.agent_namespace),
         _secret(AGENT_CLIENT_SECRET, pairs["replica"], ca=ca, namespace=ns.namespace),
     ]
     _write(out / "secret.yaml", yaml.safe_dump_all(secrets))

@@ -153,8 +153,9 @@ async def _assemble(
     agents = None
     if options.agent_ca_file is not None:
         agents = AgentPods(options.agent_port_name)
-        pods = client.Pods(main, options.service_namespace, options.agent_selector)
-        name = f"{options.service_namespace}/pods {options.agent_selector}"
+        namespace = options.agent_namespace or options.service_namespace
+        pods = client.Pods(main, namespace, options.agent_selector)
+        name = f"{namespace}/pods {options.agent_selector}"
         informers.append(Informer(source=pods, sink=agents, name=name, settings=settings))
     tokens = TokenReviewAuthenticator(
         authn_api,

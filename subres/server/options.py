@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subres.backends import agent
-from subres.serving import certs, connections
+from subres.serving import certs, connections, loops
 from subres.serving.flags import duration
 
 __all__ = [
@@ -109,12 +109,16 @@ class Options:
     agent_client_key_file: Path | None = None
     agent_server_name: str = ""
     """The name every agent's certificate carries (default subres-agent.<namespace>.svc)."""
+    agent_namespace: str = ""
+    """Cluster mode: where the agent pods run; empty means `service_namespace`."""
     agent_selector: str = "app.kubernetes.io/name=subres-agent"
-    """Cluster mode: label selector of the agent pods in the service namespace."""
+    """Cluster mode: label selector of the agent pods in `agent_namespace`."""
     agent_port_name: str = "relay"
     """Cluster mode: name of the agent container's relay port."""
     session_audit_log: str = "-"
     """Where session audit lines go: "-" stdout, "" nowhere, else a file."""
+    loop: str = loops.DEFAULT
+    """The event loop: uvloop or asyncio (`subres.serving.loops`)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
@@ -164,10 +168,12 @@ class Options:
             agent_client_cert_file=ns.agent_client_cert_file,
             agent_client_key_file=ns.agent_client_key_file,
             agent_server_name=ns.agent_server_name
-            or f"{certs.AGENT_SERVICE}.{ns.service_namespace}.svc",
+            or f"{certs.AGENT_SERVICE}.{ns.agent_namespace or ns.service_namespace}.svc",
+            agent_namespace=ns.agent_namespace,
             agent_selector=ns.agent_selector,
             agent_port_name=ns.agent_port_name,
             session_audit_log=ns.session_audit_log,
+            loop=ns.loop,
         )
 
     def validate(self) -> list[str]:
@@ -312,6 +318,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     connections.add_arguments(parser)
     add_operator_arguments(parser)
+    loops.add_argument(parser)
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -414,12 +421,17 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--agent-server-name",
         default="",
-        help="name the agents' certificates carry (default subres-agent.<namespace>.svc)",
+        help="name the agents' certificates carry (default subres-agent.<agent namespace>.svc)",
+    )
+    add(
+        "--agent-namespace",
+        default="",
+        help="cluster mode: the agent pods' namespace (default --service-namespace)",
     )
     add(
         "--agent-selector",
         default="app.kubernetes.io/name=subres-agent",
-        help="cluster mode: label selector of the agent pods in --service-namespace",
+        help="cluster mode: label selector of the agent pods in --agent-namespace",
     )
     add("--agent-port-name", default="relay", help="cluster mode: the agents' relay port name")
 

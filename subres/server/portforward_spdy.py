@@ -23,6 +23,7 @@ from subres.engine import upgrade
 from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.engine.spdy import Carrier, SpdySession, SpdyStream
 from subres.engine.tunnel import WebSocketCarrier
+from subres.engine.websocket import ServerMessages
 from subres.kube.status import StatusError
 from subres.policies import Limits
 from subres.protocol import httpstream
@@ -65,8 +66,14 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
     )
     granted = await limited.admit(state, who(request), target=target)
     await ws.prepare(request)
-    carrier = WebSocketCarrier(ws)
-    await _serve(state, request, target, carrier, dialect=pairs.TUNNEL_PROTOCOL, limits=granted)
+    await _serve(
+        state,
+        request,
+        target,
+        WebSocketCarrier(ServerMessages(ws), linger=True),
+        dialect=pairs.TUNNEL_PROTOCOL,
+        limits=granted,
+    )
     return ws
 
 

@@ -33,7 +33,7 @@ import resource
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -238,8 +238,8 @@ class _Guarded(asyncio.Protocol):
         self._lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport, only alike.
+        self._transport = cast(asyncio.Transport, transport)
         self._guard._admit(self, transport)
         self._arm(self._guard.limits.request_header_timeout)
         self._inner.connection_made(transport)

@@ -87,5 +87,5 @@ class Who:
     client: str
     """The client's address as the front replica saw it (kube-apiserver's, behind it)."""
     request_id: str
-    transport: asyncio.BaseTransport | None = None
+    transport: asyncio.Transport | None = None
     """The client's connection on this replica, to drop at once (None when relayed)."""

@@ -171,7 +171,7 @@ class Live:
         client: Closable,
         *,
         held: Hold | None,
-        transport: asyncio.BaseTransport | None,
+        transport: asyncio.Transport | None,
         target: Target,
         backend: object = None,
         limits: Limits | None = None,
@@ -272,7 +272,7 @@ class Live:
         """Drop the client's connection at once (a shutdown whose grace ran out)."""
         if self.record.code is None:
             self.record.reason = "dropped: the server's shutdown grace ran out"
-        if isinstance(self.transport, asyncio.Transport):
+        if self.transport is not None:
             self.transport.abort()
 
     async def run(self, work: Awaitable[Outcome]) -> Outcome:

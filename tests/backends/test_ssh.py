@@ -25,7 +25,7 @@ from subres.backends.sshstream import ChannelStream
 from subres.config import EndpointPolicySpec
 from subres.protocol.channels import TerminalSize
 from tests.ssh_support import PASSWORD, OpenSsh, SshServer, keys, known_hosts_line, openssh
-from tests.support import Backend, open_fds, wait_for
+from tests.support import Backend, open_sockets, wait_for
 
 CONNECT_TIMEOUT = 3.0
 POLICY = EndpointPolicySpec(
@@ -201,8 +201,8 @@ async def test_a_dying_server_ends_its_sessions_saying_so(pool: ssh.Pool, sshd: 
 async def refused(
     pool: ssh.Pool, url: str, creds: ssh.Credentials, trust: ssh.HostTrust, **kw: object
 ) -> ssh.SshError:
-    """Open a console that must fail; no task or descriptor may stay behind."""
-    tasks, fds = len(asyncio.all_tasks()), open_fds()
+    """Open a console that must fail; no task or connection may stay behind."""
+    tasks, fds = len(asyncio.all_tasks()), open_sockets()
     with pytest.raises(ssh.SshError) as info:
         async with asyncio.timeout(CONNECT_TIMEOUT + 5):
             if kw.get("forward"):
@@ -212,7 +212,7 @@ async def refused(
             else:
                 await pool.console(await target(url), creds, trust, term="vt100")
     await pool.close()
-    await wait_for(lambda: len(asyncio.all_tasks()) <= tasks and open_fds() <= fds)
+    await wait_for(lambda: len(asyncio.all_tasks()) <= tasks and open_sockets() <= fds)
     return info.value
 
 

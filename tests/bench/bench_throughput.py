@@ -46,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from subres.serving import certs
+from subres.serving import certs, loops
 from tests import gotools
 from tests.bench.agent import NODE, BenchAgent, start_agent
 from tests.bench.client import GROUP_PATH, RAW
@@ -113,6 +113,8 @@ class Settings:
     """Seconds the whole run may take; paths not reached are reported as skipped."""
     profile: Path | None = None
     """Directory for cProfile dumps of subres (served by the bench launcher), if any."""
+    loops: tuple[str, ...] = (loops.DEFAULT,)
+    """The event loops subres (server and agent) runs on: one table each."""
 
     @property
     def total(self) -> int:
@@ -123,8 +125,17 @@ class Settings:
 def parse(argv: Sequence[str]) -> Settings:
     """Settings from the command line."""
     p = argparse.ArgumentParser(prog="python -m tests.bench.bench_throughput", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="32 MiB per transfer, about a minute")
-    p.add_argument("--mib", type=int, help="MiB each way per path (512; quick 32)")
+    p.add_argument(
+        "--quick", action="store_true", help="every path with 64 MiB per transfer, under 60 s"
+    )
+    p.add_argument("--mib", type=int, help="MiB each way per path (512; quick 64)")
+    p.add_argument(
+        "--loop",
+        choices=(*loops.LOOPS, "both"),
+        default=os.environ.get(loops.ENV) or loops.DEFAULT,
+        help="event loop of subres's server and agent (default: $SUBRES_LOOP, else uvloop); "
+        "both: one table per loop",
+    )
     keys = [spec.key for spec in PATHS]
     p.add_argument("--paths", default=",".join(keys), help=f"which of {','.join(keys)}")
     p.add_argument("--tls", choices=("both", "on", "off"), default="both")
@@ -140,12 +151,13 @@ def parse(argv: Sequence[str]) -> Settings:
         p.error(f"unknown paths: {', '.join(sorted(unknown))}")
     tls = {"both": (False, True), "on": (True,), "off": (False,)}[ns.tls]
     return Settings(
-        mib=ns.mib or (32 if ns.quick else 512),
+        mib=ns.mib or (64 if ns.quick else 512),
         paths=paths,
         tls=tls,
-        timeout=20.0 if ns.quick else 60.0,
-        budget=85.0 if ns.quick else 480.0,
+        timeout=15.0 if ns.quick else 60.0,
+        budget=50.0 if ns.quick else 480.0,
         profile=ns.profile,
+        loops=loops.LOOPS if ns.loop == "both" else (ns.loop,),
     )
 
 
@@ -160,6 +172,8 @@ class Transfer:
     relay_cpu: float
     client_cpu: float
     backend_cpu: float
+    agent_cpu: float = 0.0
+    """The node agent's share of `relay_cpu` (agent paths only)."""
 
 
 @dataclass
@@ -185,16 +199,29 @@ def _fmt_busy(transfer: Transfer | None) -> str:
     return f"{100 * transfer.relay_cpu / transfer.seconds:.0f}" if transfer else "-"
 
 
-def table(rows: Sequence[Row], total: int) -> str:
+def _fmt_ratio(row: Row, base: Row | None, direction: str) -> str:
+    """Relay CPU per byte over socat's in the same TLS mode (the goal is at most 1.5)."""
+    mine = getattr(row, direction)
+    theirs = getattr(base, direction) if base is not None else None
+    if mine is None or theirs is None or theirs.relay_cpu <= 0:
+        return "-"
+    return f"{mine.relay_cpu / theirs.relay_cpu:.2f}"
+
+
+def table(rows: Sequence[Row], total: int, loop: str) -> str:
     """The markdown table."""
+    socat = {row.tls: row for row in rows if row.spec.key == "socat" and not row.problem}
     lines = [
-        f"### Throughput ({total // MIB} MiB each way in 64 KiB writes; MB = 10^6 bytes)",
+        f"### Throughput ({total // MIB} MiB each way in 64 KiB writes; MB = 10^6 bytes; "
+        f"subres on {loop})",
         "",
         "| path | TLS | up MB/s | down MB/s | relay CPU s/GB up | relay CPU s/GB down "
-        "| relay busy % up / down | client CPU s/GB up / down | backend CPU s/GB up / down |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| relay CPU ÷ socat up / down | relay busy % up / down | client CPU s/GB up / down "
+        "| backend CPU s/GB up / down |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
+        base = socat.get(row.tls)
         cells = [
             row.spec.label,
             "yes" if row.tls else "no",
@@ -202,11 +229,16 @@ def table(rows: Sequence[Row], total: int) -> str:
             _fmt_rate(total, row.down),
             _fmt_cpu(total, row.up, "relay_cpu"),
             _fmt_cpu(total, row.down, "relay_cpu"),
+            f"{_fmt_ratio(row, base, 'up')} / {_fmt_ratio(row, base, 'down')}",
             f"{_fmt_busy(row.up)} / {_fmt_busy(row.down)}",
             f"{_fmt_cpu(total, row.up, 'client_cpu')} / {_fmt_cpu(total, row.down, 'client_cpu')}",
             f"{_fmt_cpu(total, row.up, 'backend_cpu')} / "
             f"{_fmt_cpu(total, row.down, 'backend_cpu')}",
         ]
+        if row.spec.key == "agent-console" and row.up and row.down:
+            agent = f"{_fmt_cpu(total, row.up, 'agent_cpu')} / "
+            agent += _fmt_cpu(total, row.down, "agent_cpu")
+            cells[0] += f" (the agent's part of the relay CPU s/GB up / down: {agent})"
         if row.problem:
             cells[0] += f" ({row.problem})"
         lines.append("| " + " | ".join(cells) + " |")
@@ -494,12 +526,14 @@ class Bench:
         relay = [c.pid for c in setup.relay]
         helpers = [c.pid for c in setup.client_helpers]
         backends = [self.backend.pid, *setup.backend_helpers]
+        agents = [c.pid for c in setup.relay[1:] if c.name == "subres agent"]
 
-        def sample() -> tuple[float, float, float]:
+        def sample() -> tuple[float, float, float, float]:
             return (
                 sum(tree_cpu_seconds(p) for p in relay),
                 sum(tree_cpu_seconds(p) for p in helpers),
                 sum(tree_cpu_seconds(p) for p in backends),
+                sum(tree_cpu_seconds(p) for p in agents),
             )
 
         before = sample()
@@ -522,6 +556,7 @@ class Bench:
             relay_cpu=after[0] - before[0],
             client_cpu=after[1] - before[1] + result["cpu"],
             backend_cpu=after[2] - before[2],
+            agent_cpu=after[3] - before[3],
         )
 
     async def _children_gone(self, pids: Sequence[int]) -> None:
@@ -663,13 +698,17 @@ async def run(settings: Settings, argv: Sequence[str], emit: Callable[[str], Non
     """Measure every path asked for within the run's budget and print the table."""
     emit(header(argv, settings))
     loadgen = await asyncio.to_thread(build_loadgen)
-    with tempfile.TemporaryDirectory(prefix="subres-throughput-") as tmp:
-        async with contextlib.AsyncExitStack() as stack:
-            sshd = None
-            if "ssh-pf" in settings.paths:
-                sshd = await stack.enter_async_context(openssh(Path(tmp) / "sshd"))
-            rows = await _paths(settings, loadgen, Path(tmp), sshd)
-        emit(table(rows, settings.total))
+    for loop in settings.loops:
+        # Every subres process (server, agent, bench launcher) reads it at start.
+        os.environ[loops.ENV] = loop
+        with tempfile.TemporaryDirectory(prefix="subres-throughput-") as tmp:
+            async with contextlib.AsyncExitStack() as stack:
+                sshd = None
+                if "ssh-pf" in settings.paths:
+                    sshd = await stack.enter_async_context(openssh(Path(tmp) / "sshd"))
+                rows = await _paths(settings, loadgen, Path(tmp), sshd)
+            emit(table(rows, settings.total, loop))
+            emit(f"- load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 async def _paths(settings: Settings, loadgen: Path, root: Path, sshd: OpenSsh | None) -> list[Row]:

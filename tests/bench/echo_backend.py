@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 import sys
+from typing import cast
 
 from tests.bench.client import raise_open_files_limit
 
@@ -25,8 +26,8 @@ class Echo(asyncio.Protocol):
     transport: asyncio.Transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are only alike asyncio.Transport, not subclasses.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)

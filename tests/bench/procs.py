@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from subres.serving import loops
 from tests import gotools
 from tests.bench.client import raise_open_files_limit
 
@@ -176,18 +177,33 @@ def tree_cpu_seconds(pid: int) -> float:
 
     Relays that fork per connection (socat, websockify) spend their time in
     children: a child that ended and was waited for is in the parent's
-    cutime and cstime, one still there is read directly.
+    cutime and cstime (10 ms ticks), one still there is read directly. A
+    live process's own time is its threads' scheduler time in nanoseconds
+    (`/proc/PID/task/*/schedstat`), so short transfers still measure.
     """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
-    ticks = sum(int(f) for f in fields[11:15])
-    total = ticks / os.sysconf("SC_CLK_TCK")
+    own = _scheduled_seconds(pid)
+    if own is None:
+        own = sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+    total = own + sum(int(f) for f in fields[13:15]) / os.sysconf("SC_CLK_TCK")
     for child in live_children(pid):
         total += tree_cpu_seconds(child)
     return total
+
+
+def _scheduled_seconds(pid: int) -> float | None:
+    """The CPU time of `pid`'s live threads, in seconds; None when /proc does not say."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
 
 
 def live_children(pid: int) -> list[int]:
@@ -321,5 +337,8 @@ def bench_header(title: str, module: str, argv: Sequence[str], *facts: str) -> s
         f"- rerun: `cd {ROOT} && {command}`",
         f"- machine: nproc {os.cpu_count()}, load average {load} at start, "
         f"{platform.platform()}, Python {platform.python_version()}",
+        # Every subres process a bench starts reads it (`subres.serving.loops`).
+        f"- subres's event loop: {os.environ.get(loops.ENV) or loops.DEFAULT} "
+        f"(set ${loops.ENV} to choose)",
     ]
     return "\n".join(lines + [f"- {fact}" for fact in facts])

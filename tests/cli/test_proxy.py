@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import yaml
 
 from subres.cli import kubeconfig
 from subres.cli.kubeconfig import KubeconfigError
-from tests.cli.conftest import Demo, run_cli, run_cli_async
+from tests.cli.conftest import Demo, run_cli_async
 from tests.cli.portforward_support import listening, round_trip, spawn, stop
 from tests.server.portforward_support import port_of
 from tests.support import Backend, Standalone
@@ -27,20 +28,22 @@ RELAY_SIZE = 65536
 
 
 class ConnectProxy:
-    """An HTTP CONNECT proxy on 127.0.0.1 that only tunnels to 127.0.0.1."""
+    """An HTTP CONNECT proxy on 127.0.0.1 that only tunnels to 127.0.0.1 (over TLS with `tls`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.targets: list[str] = []
+        self._tls = tls
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        scheme = "https" if self._tls else "http"
+        return f"{scheme}://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     async def start(self) -> ConnectProxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._tls)
         return self
 
     async def stop(self) -> None:
@@ -132,33 +135,32 @@ async def test_console_and_screenshot_go_through_the_proxy(
     assert proxy.targets == [_server_port(demo)] * 2
 
 
-async def test_port_forward_goes_through_the_proxy(
-    subres: Standalone, backends: tuple[Backend, Backend], proxy: ConnectProxy
+@pytest.mark.parametrize("transport", ["websocket", "spdy", "tunnel"])
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_every_transport_goes_through_the_proxy(
+    subres: Standalone, backends: tuple[Backend, Backend], transport: str, scheme: str
 ) -> None:
+    tls = None
+    if scheme == "https":
+        # An https proxy is trusted as the cluster is (client-go's rule): the server's own
+        # certificate, which names 127.0.0.1, will do.
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        certs = subres.dir / "certs"
+        tls.load_cert_chain(certs / "apiserver.crt", certs / "apiserver.key")
+    proxy = await ConnectProxy(tls).start()
     echo, _ = backends
     config = _through(subres.kubeconfig(), proxy.url, subres.dir)
-    proc = await spawn(subres, "vm1", f"0:{port_of(echo.url)}", "--kubeconfig", str(config))
+    proc = await spawn(
+        subres, "vm1", f"0:{port_of(echo.url)}", "--kubeconfig", str(config),
+        "--transport", transport,
+    )  # fmt: skip
     try:
         (local,) = await listening(proc, 1)
         assert await round_trip(local, b"proxied") == b"proxied"
     finally:
         await stop(proc)
-    server = f"127.0.0.1:{subres.server.port}"
-    # The fail-fast check, then the connection.
-    assert proxy.targets == [server, server]
-
-
-def test_spdy_transports_refuse_a_proxy_url(workdir: Path, demo: Demo) -> None:
-    config = _through(demo.kubeconfig, "http://127.0.0.1:1", workdir)
-    done = run_cli(
-        ["--kubeconfig", config, "port-forward", "--transport", "spdy", "demo", "22"],
-        home=workdir,
-    )
-    assert done.returncode == 1
-    assert done.stderr == (
-        b"error: --transport spdy cannot go through the kubeconfig's proxy-url; "
-        b"use --transport websocket\n"
-    )
+        await proxy.stop()
+    assert proxy.targets and set(proxy.targets) == {f"127.0.0.1:{subres.server.port}"}
 
 
 def test_socks_proxies_are_refused_clearly(workdir: Path, demo: Demo) -> None:

@@ -55,9 +55,11 @@ __all__ = [
     "ControlPlaneError",
     "KubectlResult",
     "Process",
+    "Settings",
     "build_binaries",
     "free_ports",
     "launch",
+    "output_of",
     "poll",
     "run_sync",
     "start_control_plane",
@@ -115,6 +117,20 @@ def build_binaries() -> Binaries:
         )
     except gotools.GoBuildError as exc:
         raise ControlPlaneError(f"cannot build the control plane:\n{exc}") from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a control plane runs; the defaults are the e2e suite's, on loopback only."""
+
+    address: str = "127.0.0.1"
+    """Where kube-apiserver listens and what it advertises (its certificate names it)."""
+    apiserver_flags: tuple[str, ...] = ()
+    """More kube-apiserver flags; one given twice takes the later value."""
+    controllers: str = "clusterrole-aggregation"
+    """kube-controller-manager's ``--controllers``."""
+    controller_flags: tuple[str, ...] = ()
+    """More kube-controller-manager flags."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +245,11 @@ class ControlPlane:
     _controllers: Process
     _admin_cert: Path
     _admin_key: Path
+
+    def pids(self) -> list[int]:
+        """Process ids of the running etcd, kube-apiserver and kube-controller-manager."""
+        processes = (self._etcd, self._apiserver, self._controllers)
+        return [p.popen.pid for p in processes if p.popen is not None]
 
     @property
     def etcd_pid(self) -> int:
@@ -414,6 +435,10 @@ class ControlPlane:
         await self.stop_apiserver()
         await self.start_apiserver()
 
+    async def stop_controllers(self) -> None:
+        """Stop kube-controller-manager only: nothing recreates what is deleted after this."""
+        await self._controllers.stop()
+
     async def stop(self) -> None:
         """Stop the processes by PID (etcd last) and remove the work directory."""
         try:
@@ -449,11 +474,11 @@ async def start_control_plane(binaries: Binaries | None = None) -> AsyncIterator
         await plane.stop()
 
 
-async def launch(binaries: Binaries) -> ControlPlane:
+async def launch(binaries: Binaries, settings: Settings | None = None) -> ControlPlane:
     """Start a control plane and wait until it is ready; the caller must ``stop()`` it."""
     workdir = Path(tempfile.mkdtemp(prefix="subres-e2e-"))
     try:
-        plane = _prepare(binaries, workdir)
+        plane = _prepare(binaries, workdir, settings or Settings())
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -485,6 +510,26 @@ def run_sync(coro: Awaitable[T]) -> T:
         return pool.submit(asyncio.run, wrapper()).result()
 
 
+async def output_of(
+    *args: str, timeout_s: float, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> tuple[int, str]:
+    """Run a program to its end (killed past `timeout_s`): its exit code and its output
+    (standard output and error together)."""
+    proc = await asyncio.create_subprocess_exec(
+        *args, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(timeout_s):
+            output, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, output.decode(errors="replace")
+
+
 async def poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float) -> bool:
     """Call `condition` until it is true (True) or `timeout_s` seconds pass (False)."""
     deadline = time.monotonic() + timeout_s
@@ -499,10 +544,11 @@ async def poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float) ->
 # -- setting up a work directory ------------------------------------------
 
 
-def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
-    pki = credentials.write_pki(workdir / "pki")
-    etcd_port, peer_port, apiserver_port = free_ports(3)
-    url = f"https://127.0.0.1:{apiserver_port}"
+def _prepare(binaries: Binaries, workdir: Path, settings: Settings) -> ControlPlane:
+    pki = credentials.write_pki(workdir / "pki", addresses=sorted({"127.0.0.1", settings.address}))
+    etcd_port, peer_port = free_ports(2)
+    (apiserver_port,) = free_ports(1, address=settings.address)
+    url = f"https://{settings.address}:{apiserver_port}"
     admin_kubeconfig = workdir / "kubeconfigs" / "admin.kubeconfig"
     credentials.write_kubeconfig(
         admin_kubeconfig,
@@ -517,14 +563,26 @@ def _prepare(binaries: Binaries, workdir: Path) -> ControlPlane:
     )
     apiserver = Process(
         name="kube-apiserver",
-        args=_apiserver_args(
-            binaries.kube_apiserver, pki.dir, etcd_port=etcd_port, port=apiserver_port
-        ),
+        args=[
+            *_apiserver_args(
+                binaries.kube_apiserver,
+                pki.dir,
+                etcd_port=etcd_port,
+                address=settings.address,
+                port=apiserver_port,
+            ),
+            *settings.apiserver_flags,
+        ],
         log=workdir / "kube-apiserver.log",
     )
     controllers = Process(
         name="kube-controller-manager",
-        args=_controller_manager_args(binaries.kube_controller_manager, admin_kubeconfig),
+        args=[
+            *_controller_manager_args(
+                binaries.kube_controller_manager, admin_kubeconfig, settings.controllers
+            ),
+            *settings.controller_flags,
+        ],
         log=workdir / "kube-controller-manager.log",
     )
     return ControlPlane(
@@ -563,16 +621,18 @@ def _etcd_args(binary: Path, data: Path, port: int, peer_port: int) -> list[str]
     ]
 
 
-def _apiserver_args(binary: Path, pki: Path, *, etcd_port: int, port: int) -> list[str]:
+def _apiserver_args(
+    binary: Path, pki: Path, *, etcd_port: int, address: str, port: int
+) -> list[str]:
     return [
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={address}",
         f"--secure-port={port}",
-        # The `kubernetes` Service is never dialled here (the aggregator routes
-        # it to loopback itself), and Endpoints may not hold a loopback address:
-        # advertise 127.0.0.1 and keep no Endpoints for it.
-        "--advertise-address=127.0.0.1",
+        # On loopback, the `kubernetes` Service is never dialled (the aggregator
+        # routes it to loopback itself), and Endpoints may not hold a loopback
+        # address: keep no Endpoints for it (a cluster with pods says otherwise).
+        f"--advertise-address={address}",
         "--endpoint-reconciler-type=none",
         "--service-cluster-ip-range=10.0.0.0/24",
         f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -591,6 +651,8 @@ def _apiserver_args(binary: Path, pki: Path, *, etcd_port: int, port: int) -> li
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
         f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'kubelet-client.key'}",
         # ExternalName Services route only through the cluster-IP resolver.
         "--enable-aggregator-routing=false",
         "--profiling=false",
@@ -598,25 +660,25 @@ def _apiserver_args(binary: Path, pki: Path, *, etcd_port: int, port: int) -> li
     ]
 
 
-def _controller_manager_args(binary: Path, kubeconfig: Path) -> list[str]:
+def _controller_manager_args(binary: Path, kubeconfig: Path, controllers: str) -> list[str]:
     return [
         str(binary),
         f"--kubeconfig={kubeconfig}",
-        # Only what a cluster's RBAC needs and nothing here provides otherwise: the
-        # built-in admin, edit and view roles gather the rules labelled for them.
-        "--controllers=clusterrole-aggregation",
+        # By default only what a cluster's RBAC needs and nothing here provides otherwise:
+        # the built-in admin, edit and view roles gather the rules labelled for them.
+        f"--controllers={controllers}",
         "--leader-elect=false",
         "--secure-port=0",
         "--v=1",
     ]
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out on 127.0.0.1 (all held until every one is chosen)."""
+def free_ports(count: int, *, address: str = "127.0.0.1") -> list[int]:
+    """Ports the kernel just handed out on `address` (all held until every one is chosen)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
         for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((address, 0))
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:

@@ -28,6 +28,7 @@ __all__ = [
     "Pki",
     "StaticUser",
     "admin_user_entry",
+    "cert_user_entry",
     "write_kubeconfig",
     "write_pki",
 ]
@@ -80,8 +81,11 @@ class Pki:
         return self.dir / name
 
 
-def write_pki(directory: Path) -> Pki:
-    """Generate every credential into `directory` (created, mode 0700)."""
+def write_pki(directory: Path, *, addresses: Sequence[str] = ("127.0.0.1",)) -> Pki:
+    """Generate every credential into `directory` (created, mode 0700).
+
+    kube-apiserver's serving certificate names `addresses` (where it listens).
+    """
     directory.mkdir(mode=0o700, parents=True)
     server_ca = certs.generate_ca("subres-e2e server CA")
     serving = certs.issue_serving(
@@ -95,12 +99,16 @@ def write_pki(directory: Path) -> Pki:
             "kubernetes.default.svc.cluster.local",
         ],
         # 10.0.0.1 is the `kubernetes` Service's ClusterIP in the default range.
-        ip_addresses=["127.0.0.1", "10.0.0.1"],
+        ip_addresses=[*addresses, "10.0.0.1"],
     )
     client_ca = certs.generate_ca("subres-e2e client CA")
     admin = certs.issue_client(client_ca, user=ADMIN_USER, groups=["system:masters"])
     front_proxy_ca = certs.generate_ca("subres-e2e front-proxy CA")
     front_proxy_client = certs.issue_client(front_proxy_ca, user=FRONT_PROXY_CLIENT, groups=[])
+    # What kube-apiserver presents to kubelets (logs, exec, port-forward).
+    kubelet_client = certs.issue_client(
+        client_ca, user="kube-apiserver-kubelet-client", groups=["system:masters"]
+    )
 
     _write(directory / "server-ca.crt", server_ca.cert_pem())
     serving.write(directory / "apiserver.crt", directory / "apiserver.key")
@@ -110,6 +118,7 @@ def write_pki(directory: Path) -> Pki:
     front_proxy_client.write(
         directory / "front-proxy-client.crt", directory / "front-proxy-client.key"
     )
+    kubelet_client.write(directory / "kubelet-client.crt", directory / "kubelet-client.key")
     _write_service_account_key(directory / "sa.key", directory / "sa.pub")
     _write_token_file(directory / "tokens.csv", STATIC_USERS)
     return Pki(
@@ -150,9 +159,14 @@ def write_kubeconfig(path: Path, *, server: str, ca: bytes, user: Mapping[str, s
 
 def admin_user_entry(pki: Pki) -> dict[str, str]:
     """The kubeconfig ``user`` entry of the admin certificate."""
+    return cert_user_entry(pki.admin)
+
+
+def cert_user_entry(pair: certs.KeyPair) -> dict[str, str]:
+    """The kubeconfig ``user`` entry of a client certificate."""
     return {
-        "client-certificate-data": base64.b64encode(pki.admin.cert_pem()).decode(),
-        "client-key-data": base64.b64encode(pki.admin.key_pem()).decode(),
+        "client-certificate-data": base64.b64encode(pair.cert_pem()).decode(),
+        "client-key-data": base64.b64encode(pair.key_pem()).decode(),
     }
 
 

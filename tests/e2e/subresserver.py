@@ -31,7 +31,6 @@ kube-apiserver would, with its front-proxy certificate.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -46,10 +45,18 @@ import yaml
 
 from subres.serving import certs
 from tests.e2e.aggregation import apiservice_condition, wait_apiservice_available
-from tests.e2e.controlplane import ControlPlane, ControlPlaneError, Process, free_ports, poll
+from tests.e2e.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    Process,
+    free_ports,
+    output_of,
+    poll,
+)
 from tests.support import LOOPBACK_POLICY
 
 __all__ = [
+    "AGENT_NAMESPACE",
     "APISERVICE",
     "GROUP",
     "NAMESPACE",
@@ -71,6 +78,8 @@ GROUP = "subresources.subres.dev"
 VERSION = "v1alpha1"
 APISERVICE = f"{VERSION}.{GROUP}"
 NAMESPACE = "subres-system"
+AGENT_NAMESPACE = "subres-agents"
+"""Where deploy/ runs the node agents (their hostPath needs a `privileged` namespace)."""
 SERVICE = "subres"
 SERVICE_ACCOUNT = "subres"
 SERVER_NAME = f"{SERVICE}.{NAMESPACE}.svc"
@@ -354,7 +363,8 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
         f"--secure-port={port}",
         f"--tls-cert-file={certs_dir / 'tls.crt'}",
         f"--tls-private-key-file={certs_dir / 'tls.key'}",
-        # As the Deployment mounts them: the replicas' side of the agents' mutual TLS.
+        # As the Deployment says: the agents' pods and the replicas' side of their mutual TLS.
+        f"--agent-namespace={AGENT_NAMESPACE}",
         f"--agent-ca-file={certs_dir / 'ca.crt'}",
         f"--agent-client-cert-file={certs_dir / 'replica.crt'}",
         f"--agent-client-key-file={certs_dir / 'replica.key'}",
@@ -417,20 +427,13 @@ def _write_kustomization(workdir: Path, port: int, profile: Profile) -> None:
 
 async def _subres_certs(cwd: Path, out: Path, apiservice: str) -> None:
     """Run the real ``subres certs --out <overlay's certs>`` verb in `cwd`, as the README says."""
-    proc = await asyncio.create_subprocess_exec(
+    code, output = await output_of(
         sys.executable, "-m", "subres", "certs", f"--service={SERVICE}",
-        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}", cwd=cwd,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        f"--namespace={NAMESPACE}", f"--out={out}", f"--apiservice={apiservice}",
+        cwd=cwd, timeout_s=60,
     )  # fmt: skip
-    try:
-        async with asyncio.timeout(60):
-            output, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise ControlPlaneError(f"subres certs exited {proc.returncode}: {output.decode()}")
+    if code != 0:
+        raise ControlPlaneError(f"subres certs exited {code}: {output}")
 
 
 def _yaml(obj: dict[str, object]) -> str:

@@ -40,7 +40,7 @@ from websockets.typing import Subprotocol
 
 from tests.e2e import subresserver
 from tests.e2e.controlplane import ControlPlane, Process, free_ports, poll, run_sync
-from tests.e2e.subresserver import NAMESPACE, Subres
+from tests.e2e.subresserver import AGENT_NAMESPACE, Subres
 from tests.e2e.test_subres import (
     NS,
     Route,
@@ -155,7 +155,7 @@ async def _wait_listening(agents: dict[str, Process], port: int) -> None:
 async def _agent_pod(plane: ControlPlane, node: str, address: str, port: int) -> None:
     """The Pod the DaemonSet would run on `node`, and the status a kubelet would give it."""
     daemonset = await plane.api(
-        "GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/subres-agent"
+        "GET", f"/apis/apps/v1/namespaces/{AGENT_NAMESPACE}/daemonsets/subres-agent"
     )
     template = daemonset["spec"]["template"]
     spec = {**template["spec"], "nodeName": node}
@@ -167,7 +167,7 @@ async def _agent_pod(plane: ControlPlane, node: str, address: str, port: int) ->
         "kind": "Pod",
         "metadata": {
             "name": f"subres-agent-{node}",
-            "namespace": NAMESPACE,
+            "namespace": AGENT_NAMESPACE,
             "labels": template["metadata"]["labels"],
         },
         "spec": spec,
@@ -183,7 +183,7 @@ async def _agent_pod(plane: ControlPlane, node: str, address: str, port: int) ->
     }
     (
         await plane.kubectl(
-            "patch", "pod", f"subres-agent-{node}", "-n", NAMESPACE, "--subresource=status",
+            "patch", "pod", f"subres-agent-{node}", "-n", AGENT_NAMESPACE, "--subresource=status",
             "--type=merge", "-p", json.dumps(status),
         )
     ).check()  # fmt: skip
@@ -191,7 +191,7 @@ async def _agent_pod(plane: ControlPlane, node: str, address: str, port: int) ->
 
 async def _delete_agent_pods(plane: ControlPlane) -> None:
     await plane.kubectl(
-        "delete", "pod", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=subres-agent",
+        "delete", "pod", "-n", AGENT_NAMESPACE, "-l", "app.kubernetes.io/name=subres-agent",
         "--grace-period=0", "--force", "--wait=false",
     )  # fmt: skip
 

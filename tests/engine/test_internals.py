@@ -7,24 +7,69 @@ losing a feature (batching, the shared TLS buffer) or breaking SPDY upgrades.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import ssl
+import tomllib
 from asyncio import sslproto
+from pathlib import Path
 
 import aiohttp
+import asyncssh
 import pytest
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from asyncssh.channel import SSHChannel
 
 from subres.engine import internals
 from subres.engine.websocket import take_queued
+from tests.ssh_support import PASSWORD, SshServer
 from tests.support import wait_for
 
 
-def test_installed_versions_are_the_ones_checked() -> None:
+@pytest.mark.parametrize("package", sorted(internals.TESTED))
+def test_installed_versions_are_the_ones_checked(package: str) -> None:
     internals.check()
-    low, high = internals.TESTED["aiohttp"]
-    version = tuple(int(p) for p in aiohttp.__version__.split(".")[:2])
-    assert low <= version < high, f"re-check subres.engine.internals for aiohttp {version}"
+    internals.check_asyncssh()
+    low, high = internals.TESTED[package]
+    text = importlib.metadata.version(package)
+    version = tuple(int(p) for p in text.split(".")[:2])
+    assert low <= version < high, f"re-check subres.engine.internals for {package} {text}"
+
+
+def test_pyproject_bounds_every_package_the_fence_reads() -> None:
+    # The upper bound stops an untested version from being installed at all.
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    for package, (_, high) in internals.TESTED.items():
+        bound = "<{}.{}".format(*high)
+        assert any(d.startswith(package) and bound in d for d in project["project"]["dependencies"])
+
+
+def test_a_changed_asyncssh_channel_stops_the_ssh_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    def init(self: SSHChannel[bytes], *args: object) -> None:
+        self._window = 0  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(SSHChannel, "__init__", init)
+    with pytest.raises(internals.InternalsChanged, match=r"SSHChannel\._send_window"):
+        internals.check_asyncssh()
+
+
+@pytest.mark.parametrize("window", [0, 65536])
+async def test_the_send_window_is_the_one_the_server_gave(window: int) -> None:
+    server = await SshServer(window=window).start()
+    try:
+        async with asyncssh.connect(
+            "127.0.0.1",
+            server.port,
+            username="tester",
+            password=PASSWORD,
+            known_hosts=None,
+            config=None,
+        ) as conn:
+            channel, _ = await conn.create_session(asyncssh.SSHClientSession, encoding=None)
+            assert internals.send_window(channel) == window
+            channel.close()
+    finally:
+        await server.stop()
 
 
 def test_a_missing_internal_stops_the_import(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from subres.cli.carriers import SocketCarrier
+from subres.engine.sockets import SocketStream
 from subres.engine.spdy import SpdySession, SpdyStream
 from subres.protocol.spdy import Role
 from tests import gotools
@@ -41,8 +41,11 @@ async def go_server(binary: Path) -> AsyncIterator[SpdySession]:
         str(binary), "server", str(theirs.fileno()), pass_fds=(theirs.fileno(),)
     )
     theirs.close()
-    reader, writer = await asyncio.open_connection(sock=ours)
-    client = SpdySession(SocketCarrier(reader, writer), role=Role.CLIENT, ping_interval=5.0)
+    loop = asyncio.get_running_loop()
+    _, carrier = await loop.create_connection(
+        lambda: SocketStream(high_water=1 << 20, write_timeout=30.0, peer="peer"), sock=ours
+    )
+    client = SpdySession(carrier, role=Role.CLIENT, ping_interval=5.0)
     client.start()
     try:
         yield client

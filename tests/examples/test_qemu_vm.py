@@ -19,6 +19,7 @@ import io
 import re
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,19 +95,25 @@ class Vm:
 
 
 async def run_script(*args: str) -> str:
-    """Run the example's script (bounded) and return its output; fail when it fails."""
-    script = await asyncio.create_subprocess_exec(
-        "bash", str(SCRIPT), *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(START_TIMEOUT):
-            output, _ = await script.communicate()
-    finally:
-        if script.returncode is None:
-            script.kill()
-            await script.wait()
-    text = output.decode(errors="replace")
+    """Run the example's script (bounded) and return its output; fail when it fails.
+
+    The output goes to a file, not a pipe: the daemonized QEMU may hold an
+    inherited copy of a pipe (uvloop's spawn leaves one), and reading it to
+    its end would wait for the VM to stop.
+    """
+    with tempfile.TemporaryFile() as log:
+        script = await asyncio.create_subprocess_exec(
+            "bash", str(SCRIPT), *args, stdout=log, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                await script.wait()
+        finally:
+            if script.returncode is None:
+                script.kill()
+                await script.wait()
+        log.seek(0)
+        text = log.read().decode(errors="replace")
     sys.stdout.write(text)
     assert script.returncode == 0, text
     return text

@@ -153,7 +153,8 @@ def test_the_agent_daemonset_mounts_one_narrow_socket_directory() -> None:
     assert daemonset["automountServiceAccountToken"] is False
     assert docs[("ServiceAccount", "subres-agent")]["automountServiceAccountToken"] is False
     [host] = [v["hostPath"]["path"] for v in daemonset["volumes"] if "hostPath" in v]
-    assert host == "/run/subres-machines"
+    # The replicas' default socket directory: what they vet is what the agents serve.
+    assert host == configfile.DEFAULT_SOCKET_DIR
     [container] = daemonset["containers"]
     # Its sockets and their listeners must belong to the machines' runtime (root here).
     assert f"--socket-dir={host}=0:0" in container["args"]
@@ -163,8 +164,23 @@ def test_the_agent_daemonset_mounts_one_narrow_socket_directory() -> None:
     # Replicas find agents by pod and reach them with their own client certificate.
     replica = docs[("Deployment", "subres")]["spec"]["template"]["spec"]
     assert "--agent-ca-file=/etc/subres/agent/ca.crt" in replica["containers"][0]["args"]
-    finder = docs[("Role", "subres:agent-finder")]["rules"][0]
-    assert (finder["resources"], finder["verbs"]) == (["pods"], ["get", "list", "watch"])
+    assert "--agent-namespace=subres-agents" in replica["containers"][0]["args"]
+    finder = docs[("Role", "subres:agent-finder")]
+    assert finder["metadata"]["namespace"] == "subres-agents"
+    rule = finder["rules"][0]
+    assert (rule["resources"], rule["verbs"]) == (["pods"], ["get", "list", "watch"])
+
+
+def test_the_replicas_run_restricted_and_only_the_agents_namespace_admits_hostpaths() -> None:
+    docs = documents()
+    levels = {
+        name: doc["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        for (kind, name), doc in docs.items()
+        if kind == "Namespace"
+    }
+    assert levels == {"subres-system": "restricted", "subres-agents": "privileged"}
+    assert docs[("Deployment", "subres")]["metadata"]["namespace"] == "subres-system"
+    assert docs[("DaemonSet", "subres-agent")]["metadata"]["namespace"] == "subres-agents"
 
 
 def test_the_image_is_set_by_one_kustomize_images_entry() -> None:
@@ -213,8 +229,9 @@ def test_certs_verb_writes_a_component_with_secrets_and_cabundle(tmp_path: Path)
         agent.extensions.get_extension_for_class(
             x509.SubjectAlternativeName
         ).value.get_values_for_type(x509.DNSName)[0]
-        == "subres-agent.subres-system.svc"
+        == "subres-agent.subres-agents.svc"
     )
+    assert secrets["subres-agent-tls"]["metadata"]["namespace"] == "subres-agents"
     replica = x509.load_pem_x509_certificate(
         base64.b64decode(secrets["subres-agent-client"]["data"]["tls.crt"])
     )

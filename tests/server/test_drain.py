@@ -17,6 +17,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 
@@ -43,8 +44,8 @@ async def firehose(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
 
 async def black_hole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A backend that takes nothing and says nothing, and never hangs up."""
-    transport = writer.transport
-    assert isinstance(transport, asyncio.Transport)
+    # uvloop's transports are only alike asyncio.Transport, not subclasses.
+    transport = cast(asyncio.Transport, writer.transport)
     transport.pause_reading()
     await asyncio.Event().wait()
 

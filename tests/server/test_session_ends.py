@@ -15,7 +15,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -41,8 +41,8 @@ async def swallow_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     Returns once subres hangs up, which a reader that reads nothing is never
     told: the kernel's TCP state says it.
     """
-    transport = writer.transport
-    assert isinstance(transport, asyncio.Transport)
+    # uvloop's transports are only alike asyncio.Transport, not subclasses.
+    transport = cast(asyncio.Transport, writer.transport)
     transport.pause_reading()
     sock = writer.get_extra_info("socket")
     while sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_ESTABLISHED:  # noqa: ASYNC110 - nothing signals a peer's FIN to a paused reader

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from subres.backends import stream as sockets
-from subres.backends.stream import SocketStream
+from subres.engine.sockets import SocketStream
 from subres.protocol.channels import TerminalSize
 from subres.protocol.spdy import DataReceived, StreamReplied
 from tests.engine.spdyclient import SpdyClient

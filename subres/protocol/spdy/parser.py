@@ -11,6 +11,7 @@ unknown types are skipped without being buffered, as the spec asks.
 from __future__ import annotations
 
 import struct
+from collections import deque
 from dataclasses import dataclass
 
 from subres.protocol.spdy.errors import ProtocolError, StreamError
@@ -42,6 +43,73 @@ class _Piece:
     fin: bool
 
 
+class _Input:
+    """Received bytes kept as the chunks they came in.
+
+    A frame is cut out with one copy of its own bytes (none when it is a
+    whole chunk), however the chunks fell: appending a chunk to a buffer of
+    leftovers would copy every byte again, and most chunks end mid-frame.
+    """
+
+    __slots__ = ("_chunks", "_pos", "size")
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._pos = 0
+        """Where the first chunk's unread bytes start."""
+        self.size = 0
+        """Unread bytes in all."""
+
+    def feed(self, data: bytes) -> None:
+        if data:
+            self._chunks.append(data if type(data) is bytes else bytes(data))
+            self.size += len(data)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._pos = self.size = 0
+
+    def header(self) -> tuple[int, ...]:
+        """The two words of the next frame header (at least 8 bytes are there)."""
+        first = self._chunks[0]
+        if len(first) - self._pos >= HEADER_LENGTH:
+            return _HEADER.unpack_from(first, self._pos)
+        return _HEADER.unpack(b"".join(self._views(HEADER_LENGTH)))
+
+    def take(self, count: int) -> bytes:
+        """The next `count` bytes (that many are there)."""
+        if not count:
+            return b""
+        first, pos = self._chunks[0], self._pos
+        if count <= len(first) - pos:
+            out = first if pos == 0 and count == len(first) else first[pos : pos + count]
+            self.skip(count)
+            return out
+        out = b"".join(self._views(count))
+        self.skip(count)
+        return out
+
+    def skip(self, count: int) -> None:
+        """Drop the next `count` bytes (at most `size`)."""
+        self.size -= count
+        count += self._pos
+        chunks = self._chunks
+        while chunks and count >= len(chunks[0]):
+            count -= len(chunks.popleft())
+        self._pos = count
+
+    def _views(self, count: int) -> list[memoryview]:
+        views, pos = [], self._pos
+        for chunk in self._chunks:
+            piece = memoryview(chunk)[pos : pos + count]
+            views.append(piece)
+            count -= len(piece)
+            pos = 0
+            if not count:
+                break
+        return views
+
+
 class FrameParser:
     """Turns the inbound byte stream of one session into frames.
 
@@ -54,10 +122,7 @@ class FrameParser:
     def __init__(self, decoder: HeaderDecoder, limits: Limits) -> None:
         self._decoder = decoder
         self._limits = limits
-        # The unparsed input: the caller's chunk itself while nothing is left
-        # over from the previous one (no copy), a bytearray of leftovers otherwise.
-        self._buf: bytes | bytearray = b""
-        self._pos = 0
+        self._input = _Input()
         self._skip = 0
         self._piece: _Piece | None = None
         self._failure: ProtocolError | None = None
@@ -65,20 +130,12 @@ class FrameParser:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet handed out as frames."""
-        return len(self._buf) - self._pos
+        return self._input.size
 
     def feed(self, data: bytes) -> None:
         """Append received bytes."""
-        if self._failure is not None:
-            return
-        if self._pos >= len(self._buf):
-            self._buf = data if type(data) is bytes else bytes(data)
-        elif isinstance(self._buf, bytearray):
-            del self._buf[: self._pos]
-            self._buf += data
-        else:
-            self._buf = bytearray(memoryview(self._buf)[self._pos :]) + data
-        self._pos = 0
+        if self._failure is None:
+            self._input.feed(data)
 
     def next_frame(self) -> Frame | None:
         """Return the next complete frame, or None until more bytes arrive."""
@@ -94,7 +151,7 @@ class FrameParser:
                 return self._next_piece(self._piece)
             if self.buffered < HEADER_LENGTH:
                 return None
-            first, flags_length = _HEADER.unpack_from(self._buf, self._pos)
+            first, flags_length = self._input.header()
             flags, length = flags_length >> 24, flags_length & 0xFFFFFF
             if first & 0x80000000:
                 if self._is_ignored_control(first, length):
@@ -104,22 +161,14 @@ class FrameParser:
 
     def _fail(self, message: str) -> ProtocolError:
         self._failure = ProtocolError(message)
-        self._buf = bytearray()
-        self._pos = 0
+        self._input.clear()
         return self._failure
 
-    def _take(self, count: int) -> bytes:
-        buf, pos = self._buf, self._pos
-        self._pos = pos + count
-        if pos == 0 and count == len(buf) and type(buf) is bytes:
-            return buf
-        with memoryview(buf) as view:
-            return bytes(view[pos : pos + count])
-
     def _discard_skipped(self) -> None:
-        count = min(self._skip, self.buffered)
-        self._pos += count
-        self._skip -= count
+        if self._skip:
+            count = min(self._skip, self.buffered)
+            self._input.skip(count)
+            self._skip -= count
 
     def _is_ignored_control(self, first: int, length: int) -> bool:
         version, frame_type = (first >> 16) & 0x7FFF, first & 0xFFFF
@@ -127,7 +176,7 @@ class FrameParser:
             raise self._fail(f"control frame of SPDY version {version}")
         if frame_type in _KNOWN_TYPES:
             return False
-        self._pos += HEADER_LENGTH
+        self._input.skip(HEADER_LENGTH)
         self._skip = length
         return True
 
@@ -136,8 +185,8 @@ class FrameParser:
             raise self._fail(f"control frame of {length} bytes, over the limit")
         if self.buffered < HEADER_LENGTH + length:
             return None
-        self._pos += HEADER_LENGTH
-        payload = self._take(length)
+        self._input.skip(HEADER_LENGTH)
+        payload = self._input.take(length)
         try:
             return decode_control(FrameType(frame_type), flags, payload, self._decoder)
         except ProtocolError as exc:
@@ -148,7 +197,7 @@ class FrameParser:
             raise self._fail("DATA frame on stream 0")
         fin = bool(flags & FLAG_FIN)
         if length > self._limits.max_data_frame_length:
-            self._pos += HEADER_LENGTH
+            self._input.skip(HEADER_LENGTH)
             self._skip = length
             raise StreamError(
                 f"DATA frame of {length} bytes, over the limit",
@@ -156,13 +205,13 @@ class FrameParser:
                 status=RstStatus.FRAME_TOO_LARGE,
             )
         if length > self._limits.max_buffered_data:
-            self._pos += HEADER_LENGTH
+            self._input.skip(HEADER_LENGTH)
             self._piece = _Piece(stream_id, length, fin)
             return self._next_piece(self._piece)
         if self.buffered < HEADER_LENGTH + length:
             return None
-        self._pos += HEADER_LENGTH
-        return DataFrame(stream_id, self._take(length), fin)
+        self._input.skip(HEADER_LENGTH)
+        return DataFrame(stream_id, self._input.take(length), fin)
 
     def _next_piece(self, piece: _Piece) -> Frame | None:
         count = min(piece.remaining, self.buffered)
@@ -171,4 +220,6 @@ class FrameParser:
         piece.remaining -= count
         if piece.remaining == 0:
             self._piece = None
-        return DataFrame(piece.stream_id, self._take(count), piece.fin and piece.remaining == 0)
+        return DataFrame(
+            piece.stream_id, self._input.take(count), piece.fin and piece.remaining == 0
+        )

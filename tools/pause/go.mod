@@ -1,0 +1,3 @@
+module subres.dev/tools/pause
+
+go 1.26.0
