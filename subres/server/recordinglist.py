@@ -60,7 +60,7 @@ async def listing(state: State, request: web.Request) -> web.Response:
             failed.append(member)
     # A shared directory (ReadWriteMany) shows every file on every replica: once each.
     unique = {str(i.get("name")): i for i in items}
-    merged = sorted(unique.values(), key=lambda item: str(item["name"]), reverse=True)
+    merged = sorted(unique.values(), key=_newest_first, reverse=True)
     return _listing(state, merged, headers=fanout.warning(failed))
 
 
@@ -179,12 +179,19 @@ def _items(state: State, where: recordfiles.Folder) -> list[dict[str, Any]]:
                 "subresource": SUBRESOURCES[suffix],
                 "size": file.size,
                 "started": rfc3339(timestamp),
-                "modified": rfc3339(file.mtime),
+                "modified": rfc3339(file.mtime, fraction=True),
                 "title": title,
             }
         )
-    items.sort(key=lambda item: str(item["name"]), reverse=True)
+    items.sort(key=_newest_first, reverse=True)
     return items
+
+
+def _newest_first(item: dict[str, Any]) -> tuple[str, str, str]:
+    """Order by start (the name's stamp, to the second), then by last write: of two
+    recordings started in the same second one after the other, the later one."""
+    name = str(item["name"])
+    return name[: len("20060102T150405Z")], str(item.get("modified", "")), name
 
 
 def _header(suffix: str, start: bytes) -> tuple[int, str]:
