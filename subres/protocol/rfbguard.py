@@ -99,6 +99,8 @@ class ViewerGuard:
         self._body = 0
         """Bytes of the current message still to pass or drop as they arrive."""
         self._body_passed = False
+        self.dropped = 0
+        """Messages dropped so far (a view-only viewer's input)."""
 
     @property
     def buffered(self) -> int:
@@ -227,6 +229,8 @@ class ViewerGuard:
             if size is None:
                 return None
             self._body, self._body_passed = size, passed
+            if not passed:
+                self.dropped += 1
         # The body goes on (or is dropped) as it arrives, never held whole.
         part = bytes(self._pending[: self._body])
         del self._pending[: len(part)]

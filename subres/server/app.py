@@ -54,6 +54,7 @@ from subres.server import (
     console,
     log,
     middleware,
+    moderate,
     portforward,
     recordinglist,
     screenshot,
@@ -101,6 +102,9 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/console", console.handle),
         ("GET", f"{sub}/console-observe", console.observe),
         ("POST", f"{sub}/console-observe", console.observe),
+        ("GET", f"{sub}/console-moderate", console.moderate),
+        ("POST", f"{sub}/console-moderate", console.moderate),
+        ("DELETE", f"{sub}/console-moderate", moderate.end),
         ("GET", f"{sub}/sessions", sessionlist.for_machine),
         ("GET", f"{sub}/log", log.handle),
         ("GET", f"{sub}/recordings", recordinglist.listing),
@@ -109,6 +113,8 @@ def build(state: State) -> web.Application:
         ("GET", f"/apis/{group}/{version}/sessions", sessionlist.for_namespace),
         ("GET", f"{sub}/vnc", vnc.handle),
         ("GET", f"{sub}/vnc-observe", vnc.observe),
+        ("GET", f"{sub}/vnc-moderate", vnc.moderate),
+        ("DELETE", f"{sub}/vnc-moderate", moderate.end),
         ("GET", f"{sub}/screenshot", screenshot.handle),
         # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.
         ("GET", f"{sub}/vnc/screenshot", screenshot.handle),
@@ -140,6 +146,7 @@ def build(state: State) -> web.Application:
     state.owners.on_change(members_changed)
 
     async def on_startup(_: web.Application) -> None:
+        await state.recordings.start()
         await keeper.start()
 
     async def on_shutdown(_: web.Application) -> None:

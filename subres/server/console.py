@@ -6,10 +6,11 @@ is an observer: read-only, authorized as its own subresource so that RBAC
 can grant watching without typing, at most `session.maxObserversPerConsole`
 per console and `session.maxObservers` per replica (429 beyond:
 `sessions.sharing`); observers stay attached while writers come and go.
-Both accept `?tail=N` (lines of a kept console's scrollback to replay
-first) and `?console=NAME`: which of the machine's consoles (`serial1`,
-`sol`…), each with its own writer, observers, keeper, scrollback and
-recording; none (what virtctl and every other client send)
+`console-moderate` is an observer whom a moderated writer waits for
+(`sessions.moderation`). All accept `?tail=N` (lines of a kept console's
+scrollback to replay first) and `?console=NAME`: which of the machine's
+consoles (`serial1`, `sol`…), each with its own writer, observers, keeper,
+scrollback and recording; none (what virtctl and every other client send)
 is the default one. The console's owner (`sessions.members`) holds the
 writer's slot, the observers and the kept connection; when that is another
 replica, this one relays to it (`sessions.peer`).
@@ -59,6 +60,11 @@ async def observe(state: State, request: web.Request) -> web.StreamResponse:
     return await _serve(state, request, mode=session.OBSERVER)
 
 
+async def moderate(state: State, request: web.Request) -> web.StreamResponse:
+    """A moderator: an observer whom a moderated writer waits for (`sessions.moderation`)."""
+    return await _serve(state, request, mode=session.MODERATOR)
+
+
 async def _serve(state: State, request: web.Request, *, mode: str) -> web.StreamResponse:
     target = subresource.console(
         subresource.resolve(state, request, "console"), request.query.get("console")
@@ -74,18 +80,19 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
     ):
         protocol = remotecommand.negotiate(request)
-        backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
+        backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
         return await remotecommand.serve(
             state,
             request,
             target=target,
             protocol=protocol,
             backend=backend,
-            exclusive=exclusive,
+            exclusive=not relayed and mode == session.WRITER,
+            owner=not relayed,
             mode=mode,
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
-    backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
+    backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
     if tail is not None and not _replays(state, target, backend):
         # Said, not refused: the session is what was asked for, less a replay.
         ws.headers.add(hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
@@ -96,7 +103,8 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         ws=ws,
         dialect=dialect,
         backend=backend,
-        exclusive=exclusive,
+        exclusive=not relayed and mode == session.WRITER,
+        owner=not relayed,
         mode=mode,
     )
 
@@ -110,17 +118,17 @@ async def _backend(
     mode: str,
     tail: int | None,
 ) -> tuple[ByteStream, bool]:
-    """The session's backend, and whether the session holds the slot here.
+    """The session's backend, and whether it is relayed to another replica.
 
     When another replica owns the console, a peer session there (which holds
-    the slot); else the console here.
+    the slot and records); else the console here.
     """
+    if mode == session.MODERATOR:
+        sharing.may_moderate(state, target, who(request))  # before asking the owner
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=False, tail=tail)
     if relayed is not None:
-        return relayed, False
-    if mode == session.OBSERVER:
-        return sharing.observe(state, target, tail=tail), False
-    return await sharing.write(state, target, url, tail=tail), True
+        return relayed, True
+    return await sharing.console(state, target, who(request), mode=mode, tail=tail), False
 
 
 def _replays(state: State, target: subresource.Target, backend: ByteStream) -> bool:

@@ -1,8 +1,10 @@
-"""Reading recorded console sessions through the API, under RBAC, never through the files.
+"""Reading recorded sessions through the API, under RBAC, never through the files.
 
 `GET …/namespaces/NS/machines/NAME/recordings` answers a `RecordingList`
-(each file's name, size, start and title); `GET …/recordings/FILE` answers
-the asciicast file itself (`application/x-asciicast`). Both are authorized
+(each file's name, subresource, size, start and title), console and display
+recordings together; `GET …/recordings/FILE` answers the file itself
+(`application/x-asciicast`, or `application/vnd.subres.display-recording`
+for `protocol.displayrec`). Both are authorized
 as `get machines/recordings` on that machine, as kube-apiserver authorized
 them before proxying. A recording is served only under the parent it
 belongs to: the object the URL names must exist (404 otherwise), and only
@@ -20,20 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import PurePath
 from typing import Any
 
 from aiohttp import web
 
 from subres.kube.status import StatusError
-from subres.protocol import asciicast
+from subres.protocol import asciicast, displayrec
 from subres.server import fanout, subresource
 from subres.server.state import State
 from subres.serving.units import rfc3339
 from subres.sessions import recordfiles
 
-__all__ = ["listing", "local_listing", "local_one", "one"]
+__all__ = ["DISPLAY_TYPE", "listing", "local_listing", "local_one", "one"]
 
-CONTENT_TYPE = "application/x-asciicast"
+DISPLAY_TYPE = "application/vnd.subres.display-recording"
+CONTENT_TYPES = {".cast": "application/x-asciicast", ".display": DISPLAY_TYPE}
+SUBRESOURCES = {".cast": "console", ".display": "vnc"}
 CHUNK = 64 << 10
 
 
@@ -55,7 +60,7 @@ async def listing(state: State, request: web.Request) -> web.Response:
             failed.append(member)
     # A shared directory (ReadWriteMany) shows every file on every replica: once each.
     unique = {str(i.get("name")): i for i in items}
-    merged = sorted(unique.values(), key=lambda item: str(item["name"]), reverse=True)
+    merged = sorted(unique.values(), key=_newest_first, reverse=True)
     return _listing(state, merged, headers=fanout.warning(failed))
 
 
@@ -130,7 +135,7 @@ async def local_one(state: State, request: web.Request) -> web.StreamResponse:
 
 def _file_headers(name: str) -> dict[str, str]:
     return {
-        "Content-Type": CONTENT_TYPE,
+        "Content-Type": CONTENT_TYPES[PurePath(name).suffix],
         "Content-Disposition": f'inline; filename="{name}"',
         "Cache-Control": "no-store",
     }
@@ -144,7 +149,7 @@ def _peer_path(request: web.Request) -> str:
 def _folder(state: State, request: web.Request) -> recordfiles.Folder | None:
     """The folder of the object the URL names (400, 404, 503 as Status); None unrecorded."""
     parent = state.config.parent(request.match_info["resource"])
-    if parent is None or "console" not in parent.subresources:
+    if parent is None or not {"console", "vnc"} & set(parent.subresources):
         raise StatusError(404, f"the server could not find the requested resource {request.path}")
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     try:
@@ -163,18 +168,36 @@ def _items(state: State, where: recordfiles.Folder) -> list[dict[str, Any]]:
     assert store is not None
     items = []
     for file in store.files(where):
+        suffix = PurePath(file.name).suffix
         try:
-            header, _ = asciicast.read([store.head(where, file.name)])
-        except (OSError, asciicast.RecordingError):
+            timestamp, title = _header(suffix, store.start(where, file.name))
+        except (OSError, asciicast.RecordingError, displayrec.DisplayRecordingError):
             continue
         items.append(
             {
                 "name": file.name,
+                "subresource": SUBRESOURCES[suffix],
                 "size": file.size,
-                "started": rfc3339(header.timestamp),
-                "modified": rfc3339(file.mtime),
-                "title": header.title,
+                "started": rfc3339(timestamp),
+                "modified": rfc3339(file.mtime, fraction=True),
+                "title": title,
             }
         )
-    items.sort(key=lambda item: str(item["name"]), reverse=True)
+    items.sort(key=_newest_first, reverse=True)
     return items
+
+
+def _newest_first(item: dict[str, Any]) -> tuple[str, str, str]:
+    """Order by start (the name's stamp, to the second), then by last write: of two
+    recordings started in the same second one after the other, the later one."""
+    name = str(item["name"])
+    return name[: len("20060102T150405Z")], str(item.get("modified", "")), name
+
+
+def _header(suffix: str, start: bytes) -> tuple[int, str]:
+    """A recording's start (Unix seconds) and title, from its first bytes."""
+    if suffix == ".display":
+        display, _ = displayrec.read_header(start)
+        return display.timestamp, display.title
+    console, _ = asciicast.read([start.split(b"\n", 1)[0]])
+    return console.timestamp, console.title

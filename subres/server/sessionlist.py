@@ -31,7 +31,7 @@ from subres.server.state import State
 from subres.serving.units import human_age, human_bytes, rfc3339
 from subres.sessions.session import Live, Record
 
-__all__ = ["COLUMNS", "for_machine", "for_namespace", "fronted", "item", "unit"]
+__all__ = ["COLUMNS", "elsewhere", "for_machine", "for_namespace", "fronted", "item", "unit"]
 
 TABLE = "as=Table"
 COLUMNS = (
@@ -79,11 +79,16 @@ async def for_namespace(state: State, request: web.Request) -> web.Response:
 async def fronted(state: State, request: web.Request) -> web.Response:
     """The sessions this replica fronts (the peer port's `GET /peer/v1/sessions`).
 
-    `?namespace=`, `&kind=` and `&name=` select, so that a narrow list moves
-    only what it shows.
+    `?namespace=`, `&kind=`, `&name=` and `&user=` select, so that a narrow
+    list moves only what it shows.
     """
     query = request.query
-    selector = Selector(query.get("namespace", ""), query.get("kind", ""), query.get("name", ""))
+    selector = Selector(
+        query.get("namespace", ""),
+        query.get("kind", ""),
+        query.get("name", ""),
+        user=query.get("user", ""),
+    )
     body = {"items": _local(state, selector)}
     return web.Response(
         body=json.dumps(body, separators=(",", ":")).encode(), content_type="application/json"
@@ -97,17 +102,25 @@ class Selector:
     namespace: str = ""
     kind: str = ""
     name: str = ""
+    user: str = ""
+    """Whose (all when empty): what `maxSessionsPerUser` counts."""
 
     def __call__(self, record: Record) -> bool:
         return (
             self.namespace in ("", record.namespace)
             and self.kind in ("", record.kind)
             and self.name in ("", record.name)
+            and self.user in ("", record.user)
         )
 
     def query(self) -> str:
         """The peer request's query string."""
-        fields = {"namespace": self.namespace, "kind": self.kind, "name": self.name}
+        fields = {
+            "namespace": self.namespace,
+            "kind": self.kind,
+            "name": self.name,
+            "user": self.user,
+        }
         return urllib.parse.urlencode({k: v for k, v in fields.items() if v})
 
 
@@ -118,6 +131,21 @@ def _local(state: State, selected: Selector) -> list[dict[str, Any]]:
         for session in state.sessions.live
         if isinstance(session, Live) and selected(session.record)
     ]
+
+
+async def elsewhere(state: State, user: str) -> list[tuple[str, str]]:
+    """The subresources and modes of `user`'s sessions that other replicas front (those
+    that answer)."""
+    query = Selector(user=user).query()
+    answers = await fanout.ask_others(state, f"/peer/v1/sessions?{query}", limit=MAX_LISTING)
+    found = []
+    for body in answers.ok.values():
+        try:
+            listed = json.loads(body)["items"]
+            found += [(str(i["subresource"]), str(i["mode"])) for i in listed if i["user"] == user]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
 
 
 async def _items(state: State, selected: Selector) -> tuple[list[dict[str, Any]], list[str]]:

@@ -40,11 +40,20 @@ from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
 from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
-from subres.sessions import recorded, recordings, sharing, usbslots
-from subres.sessions.registry import Busy, Claim, SessionKey
+from subres.sessions import recordings, sharing, usbslots
+from subres.sessions.registry import SessionKey
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import OBSERVER, REDIRECTOR, VIEWER, WRITER, busy
-from subres.sessions.target import Target, endpoint_url, key
+from subres.sessions.session import (
+    MODERATOR,
+    OBSERVER,
+    REDIRECTOR,
+    VIEWER,
+    WRITER,
+    Hold,
+    busy,
+    hold,
+)
+from subres.sessions.target import Target, key
 
 __all__ = [
     "NOT_OWNER",
@@ -66,7 +75,11 @@ NOT_OWNER = 421
 """The owner's answer when it does not think it owns the unit."""
 MAX_TAIL = (1 << 31) - 1
 """The most lines a peer session may replay (what a front lets a client ask)."""
-MODES = {"console": (WRITER, OBSERVER), "vnc": (VIEWER, OBSERVER), "usbredir": (REDIRECTOR,)}
+MODES = {
+    "console": (WRITER, OBSERVER, MODERATOR),
+    "vnc": (VIEWER, OBSERVER, MODERATOR),
+    "usbredir": (REDIRECTOR,),
+}
 """The subresources served by their unit's owner, and their modes."""
 
 
@@ -185,16 +198,17 @@ async def front(
 
 @dataclass
 class Prepared:
-    """An owner's side of a peer session before its upgrade: its backend and slot."""
+    """An owner's side of a peer session before its upgrade: its backend, slot and recording."""
 
     ask: Ask
     target: Target
     backend: ByteStream
-    claim: Claim | None
+    held: Hold
 
 
 async def prepare(state: Runtime, ask: Ask) -> Prepared:
-    """Check ownership and the parent, dial or attach: everything that can still be a Status."""
+    """Check ownership and the parent, dial or attach, claim the slot and join the recording:
+    everything that can still be a Status."""
     if not state.owners.mine(ask.unit):
         raise StatusError(NOT_OWNER, f"the replica {state.replica} does not own the {ask.unit}")
     parent = state.config.parent(ask.unit.resource)
@@ -215,68 +229,57 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
         backend: ByteStream = await state.backends.connect(target, url)
     else:
         backend = await _backend(state, target, ask)
-    if ask.mode not in (WRITER, VIEWER, REDIRECTOR):
-        return Prepared(ask, target, backend, None)
+    held = hold(
+        state,
+        ask.who.user,
+        target=target,
+        exclusive=ask.mode in (WRITER, VIEWER, REDIRECTOR),
+        preserve=ask.preserve,
+        mode=ask.mode,
+        via=ask.front,
+    )
     try:
-        claim = await state.sessions.claim(key(target), user=ask.who.user, preserve=ask.preserve)
-    except Busy:
-        await backend.close()
-        raise busy(target) from None
+        await held.__aenter__()
     except BaseException:
         await backend.close()
         raise
-    return Prepared(ask, target, backend, claim)
+    return Prepared(ask, target, backend, held)
 
 
 async def _backend(state: Runtime, target: Target, ask: Ask) -> ByteStream:
     if target.spec.name == "console":
-        if ask.mode == OBSERVER:
-            return sharing.observe(state, target, tail=ask.tail)
-        return await sharing.write(state, target, endpoint_url(target), tail=ask.tail)
-    return await sharing.display(state, target, view_only=ask.mode == OBSERVER)
+        return await sharing.console(state, target, ask.who, mode=ask.mode, tail=ask.tail)
+    return await sharing.display(state, target, ask.who, mode=ask.mode)
 
 
 def release(state: Runtime, prepared: Prepared) -> None:
     """Give up what `prepare` took, when the upgrade failed."""
-    if prepared.claim is not None:
-        state.sessions.release(prepared.claim)
+    prepared.held.leave()
 
 
 async def serve(state: Runtime, prepared: Prepared, carrier: Carrier) -> None:
     """Relay between the front (frames over `carrier`, upgraded) and the backend, to the end."""
-    claim = prepared.claim
+    claim = prepared.held.claim
     client = FrameClient(carrier, prepared.backend)
     session = _PeerSession(client)
-    who = f"{prepared.ask.who.user} ({prepared.ask.mode}, via {prepared.ask.front})"
-    hub = state.sessions.hubs.get(prepared.ask.unit)
-    recording = hub is not None and state.recordings.wanted(
-        prepared.target.spec, prepared.target.obj
-    )
     state.sessions.start(claim, session)
+
+    def close(code: int, reason: str) -> None:
+        state.sessions.close_later(session, code, reason)
+
     attached = getattr(prepared.backend, "attached", None)
     if callable(attached):
-        attached(lambda code, reason: state.sessions.close_later(session, code, reason))
+        attached(close)
     try:
-        if recording and hub is not None:
-            target = prepared.target
-            state.recordings.joined(
-                hub,
-                where=recorded.folder(target),
-                audit=target.spec.record == "always",
-                title=recordings.title(target),
-                who=who,
-                unit=target.spec.unit,
-            )
+        if prepared.held.seat is not None:
+            prepared.held.seat.bind(close)
             announce = getattr(prepared.backend, "announce", None)
             if callable(announce):
                 announce(recordings.BANNER)
         await pump(client, prepared.backend, client.traffic)
     finally:
         state.sessions.end(claim, session)
-        if claim is not None:
-            state.sessions.release(claim)
-        if recording and hub is not None:
-            state.recordings.left(hub, who=who)
+        prepared.held.leave()
         await prepared.backend.close()
         await client.close()
 

@@ -27,7 +27,10 @@ MAX_PENDING = 4 << 20
 
 
 class Recorder:
-    """Asciicast lines of one console, waiting to be written to `path` (then its parts)."""
+    """Asciicast lines of one console, waiting to be written to `path` (then its parts).
+
+    `on_close` is told when the recording ends (its hub lets it go).
+    """
 
     def __init__(
         self,
@@ -39,14 +42,16 @@ class Recorder:
         size: TerminalSize | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        on_close: Callable[[Recorder], None] = lambda _: None,
         quota: Callable[[int], str] | None = None,
     ) -> None:
         self.first = path
         self.path = path
         self.title = title
-        self.attached = 0
-        """Sessions recorded into this recording now."""
         self.closed = False
+        self.failure = ""
+        """Always empty: a console's recording fails only in its file."""
+        self._on_close = on_close
         self._max_file = max_file
         self._max_pending = max_pending
         self._size = size or DEFAULT_SIZE
@@ -116,6 +121,7 @@ class Recorder:
         """The recording ends: what is left of an unfinished character is written."""
         self._add(self._encoder.finish(self._clock()))
         self.closed = True
+        self._on_close(self)
 
     def drain(self) -> list[tuple[Path, bytes]]:
         """What to append to which file now, in order."""

@@ -1,7 +1,8 @@
 """Recordings on disk: where each one lives, and every file touched without following a link.
 
-Layout: `DIR/NAMESPACE/RESOURCE/NAME/UID/STAMP-[CONSOLE-]ID[.audit][.N].cast`
-(the console named when it is not the machine's default one).
+Layout: `DIR/NAMESPACE/RESOURCE/NAME/UID/STAMP-[CONSOLE-]ID[.audit][.N].cast` (a
+console's, asciicast; the console named when it is not the machine's default
+one) and `….display` (a display's, `protocol.displayrec`).
 
 - The namespace comes first: a namespace's recordings are one subtree,
   counted and capped together, and nothing done for one namespace touches
@@ -9,8 +10,8 @@ Layout: `DIR/NAMESPACE/RESOURCE/NAME/UID/STAMP-[CONSOLE-]ID[.audit][.N].cast`
 - The parent's resource and uid follow its name: a recording belongs to one
   object of one kind. Another kind's object of the same name, or a new object
   reusing the name, sees none of it.
-- `.audit` marks a recording of a console recorded `always`: only its age
-  may delete it. `.N` is a file's part number (a long recording goes on in
+- `.audit` marks a recording of a console or display recorded `always` or
+  `required`: only its age may delete it. `.N` is a file's part number (a long recording goes on in
   parts).
 
 Every path is walked beneath `DIR` one component at a time with `O_NOFOLLOW`
@@ -36,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["FILE_NAME", "Folder", "RecordingFile", "Store", "folder"]
+__all__ = ["FILE_NAME", "Folder", "RecordingFile", "RecordingLost", "Store", "folder"]
 
 FILE_NAME = re.compile(
     r"\A\d{8}T\d{6}Z-(?:[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?-)?[0-9a-f]{8}"
-    r"(\.audit)?(\.\d{1,6})?\.cast\Z"
+    r"(\.audit)?(\.\d{1,6})?\.(cast|display)\Z"
 )
-"""What a recording's file name looks like; nothing else is ever opened."""
+"""What a recording's file name looks like (`STAMP-[CONSOLE-]ID…`, the console named when it is
+not the machine's default one); nothing else is ever opened."""
 AUDIT = ".audit"
 _LABEL = re.compile(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _NAME = re.compile(r"\A[^/\x00]{1,253}\Z")
@@ -94,6 +96,10 @@ class RecordingFile:
         return AUDIT in self.name
 
 
+class RecordingLost(FileNotFoundError):
+    """A recording's file or directory is no longer where it was made."""
+
+
 class Store:
     """The recordings directory, walked without following links."""
 
@@ -126,6 +132,36 @@ class Store:
         """The first line (at most `HEAD` bytes) of a recording."""
         with self.open(where, name) as file:
             return file.readline(HEAD)
+
+    def start(self, where: Folder, name: str) -> bytes:
+        """The first `HEAD` bytes of a recording (a display's header takes two lines)."""
+        with self.open(where, name) as file:
+            return file.read(HEAD)
+
+    def opened(self, where: Folder, name: str, flags: int, *, root: tuple[int, int] | None) -> int:
+        """A descriptor of the file `name` of `where` (made with `O_CREAT` in `flags`, its
+        folders too), reached with no link followed, checked to be a regular file.
+
+        `root`: the directory's identity at start; when it is another now (an
+        unmounted volume), `RecordingLost`, and nothing is made.
+        """
+        with self._dir(where.parts, create=bool(flags & os.O_CREAT), root=root) as parent:
+            fd = _open(name, flags, parent)
+        try:
+            _regular(fd, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def located(self, where: Folder, name: str) -> tuple[int, int] | None:
+        """Which file `name` of `where` is now (device, inode), or None when there is none."""
+        try:
+            with self._dir(where.parts) as parent:
+                info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return info.st_dev, info.st_ino
 
     def open(self, where: Folder, name: str) -> BinaryIO:
         """A recording opened for reading (the caller closes it); `FileNotFoundError` when
@@ -168,11 +204,22 @@ class Store:
         return count
 
     @contextlib.contextmanager
-    def _dir(self, parts: tuple[str, ...], *, create: bool = False) -> Iterator[int]:
-        """A descriptor of `DIR/parts…`, reached with no link followed (made with `create`)."""
-        if create:
+    def _dir(
+        self, parts: tuple[str, ...], *, create: bool = False, root: tuple[int, int] | None = None
+    ) -> Iterator[int]:
+        """A descriptor of `DIR/parts…`, reached with no link followed (made with `create`;
+        `DIR` itself only when no `root` identity is known)."""
+        if create and root is None:
             self.root.mkdir(parents=True, exist_ok=True)
-        current = os.open(self.root, _DIR)
+        try:
+            current = os.open(self.root, _DIR)
+        except FileNotFoundError:
+            raise RecordingLost(errno.ENOENT, "the recordings directory is gone") from None
+        info = os.fstat(current)
+        if root is not None and (info.st_dev, info.st_ino) != root:
+            # Never written there: another directory than at start is an unmounted volume.
+            os.close(current)
+            raise RecordingLost(errno.ENOENT, "the recordings directory is gone")
         try:
             for part in parts:
                 if create:

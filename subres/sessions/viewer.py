@@ -4,11 +4,17 @@ Wraps the VNC server's byte stream so that the pump needs nothing special:
 writes go through `protocol.rfbguard.ViewerGuard` (shared ClientInit, and for
 a view-only viewer no input), reads feed the guard the server's first bytes.
 A viewer whose bytes cannot be checked is closed with 1008 and the reason.
+
+`InputWatch` tells when an interactive viewer last gave input (keys, the
+pointer, cut text: what a view-only guard would drop), for its idle
+timeout; its update requests are not input.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from subres.engine.stream import ByteStream
 from subres.engine.websocket import CloseCode
@@ -16,7 +22,7 @@ from subres.protocol.rfbguard import ViewerGuard, ViewerRefused
 from subres.sessions.hub import Closer
 from subres.sessions.observers import Slot
 
-__all__ = ["GuardedDisplay"]
+__all__ = ["GuardedDisplay", "InputWatch"]
 
 log = logging.getLogger(__name__)
 
@@ -68,4 +74,56 @@ class GuardedDisplay:
         """Close the server connection (and give the observer's place back)."""
         if self._place is not None:
             self._place.release()
+        await self._backend.close()
+
+
+class InputWatch:
+    """An interactive viewer's stream, its bytes passed untouched and watched for input.
+
+    A view-only guard reads the same bytes beside them: what it would drop is
+    input. A viewer it cannot read counts as giving input with every byte,
+    so that it is never ended as idle for being unreadable.
+    """
+
+    __slots__ = ("_backend", "_input", "_shadow")
+
+    def __init__(self, backend: ByteStream) -> None:
+        self._backend = backend
+        self._shadow: ViewerGuard | None = ViewerGuard(view_only=True)
+        self._input = time.monotonic()
+
+    def last_input(self) -> float:
+        """When the viewer last gave input (`time.monotonic()`; its start until then)."""
+        return self._input
+
+    def __getattr__(self, name: str) -> Any:
+        # What the session asks of a backend (attached, announce, recorded) is the wrapped one's.
+        return getattr(self._backend, name)
+
+    async def read(self) -> bytes:
+        """The server's next bytes (the watch sees the first ones)."""
+        data = await self._backend.read()
+        if self._shadow is not None and self._shadow.wants_server:
+            self._shadow.from_server(data)
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """`data` to the server, noting whether it holds input."""
+        shadow = self._shadow
+        if shadow is not None:
+            before = shadow.dropped
+            try:
+                shadow.from_client(data)
+            except ViewerRefused:
+                self._shadow = shadow = None
+            if shadow is None or shadow.dropped > before:
+                self._input = time.monotonic()
+        await self._backend.write(data)
+
+    async def write_eof(self) -> None:
+        """The viewer is done sending."""
+        await self._backend.write_eof()
+
+    async def close(self) -> None:
+        """Close the server connection."""
         await self._backend.close()

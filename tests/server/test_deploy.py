@@ -367,3 +367,10 @@ def test_the_recordings_component_gives_the_replicas_a_shared_directory(
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["recordings"]["persistentVolumeClaim"]["claimName"] == "subres-recordings"
     assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
+
+
+def test_moderating_is_a_role_of_its_own() -> None:
+    rules = documents()[("ClusterRole", "subres-machine-moderator")]["rules"]
+    granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
+    assert {("machines/console-moderate", "delete"), ("machines/vnc-moderate", "get")} <= granted
+    assert not any(r in ("machines/console", "machines/vnc") for r, _ in granted)

@@ -134,3 +134,23 @@ async def test_a_long_recording_goes_on_in_parts_and_old_ones_are_deleted(
             list(events)
         listed = await recordings(subres)
         assert {i["name"] for i in listed} == {f.name for f in files}
+
+
+async def test_a_takeover_is_marked_with_who_took_over_from_whom(subres: Standalone) -> None:
+    async with subres.websocket(subres.url("vm1"), V5) as alice:
+        await stdout_until(alice, BANNER)
+        async with subres.websocket(subres.url("vm1"), V5, user="bob") as bob:
+            await stdout_until(bob, BANNER)
+            await wait_for(lambda: len(subres.server.state.sessions.live) == 1)
+    await wait_for(lambda: not subres.server.state.sessions.live)
+    (item,) = await recordings(subres)
+    _, _, body = await api(subres, f"vm1/recordings/{item['name']}")
+    _, events = asciicast.read(body.splitlines())
+    markers = [e.data for e in events if e.code == "m"]
+    assert markers == [
+        "alice (writer) attached",
+        "bob (writer) attached",
+        "bob took over from alice",
+        "alice (writer) left",
+        "bob (writer) left",
+    ]
