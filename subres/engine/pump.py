@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from subres.engine.stream import ByteStream, Chunk
@@ -95,6 +96,8 @@ class Traffic:
     """From the client to the backend."""
     down: int = 0
     """From the backend to the client."""
+    last_up: float = field(default_factory=time.monotonic)
+    """When the client last sent bytes on (`time.monotonic()`; the start until then)."""
 
 
 class _BackendFailed(Exception):
@@ -190,6 +193,7 @@ async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> No
             if not eof_sent:
                 await _to_backend(write(chunks))
                 traffic.up += sum(map(len, chunks))
+                traffic.last_up = time.monotonic()
         elif client.gone:
             return
         elif not eof_sent:
