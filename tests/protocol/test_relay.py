@@ -132,3 +132,67 @@ def test_hostile_peer_frames_are_refused(wire: bytes, message: str) -> None:
 def test_an_agent_relay_refuses_peer_frames(frame: bytes) -> None:
     with pytest.raises(relay.FrameError, match="unknown relay frame type"):
         relay.FrameDecoder().feed(frame)
+
+
+def test_a_heartbeat_is_a_frame_of_its_own_type_without_a_payload() -> None:
+    assert relay.heartbeat() == b"\x05\x00\x00\x00\x00"
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_heartbeats_are_consumed_and_yield_nothing(partial: bool) -> None:
+    wire = relay.heartbeat() + relay.data(b"ab") + relay.heartbeat() * 3 + relay.eof()
+    assert relay.FrameDecoder(partial=partial).feed(wire) == [
+        relay.DataReceived(b"ab"),
+        relay.EofReceived(),
+    ]
+    assert relay.FrameDecoder(peer=True).feed(relay.heartbeat()) == []
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=6),
+    beats=st.lists(st.integers(min_value=0, max_value=6), max_size=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=10),
+)
+def test_heartbeats_anywhere_between_frames_change_no_event(
+    payloads: list[bytes], beats: list[int], cuts: list[int]
+) -> None:
+    frames = [relay.data(p) for p in payloads] + [relay.eof()]
+    for where in beats:
+        frames.insert(where % (len(frames) + 1), relay.heartbeat())
+    wire = b"".join(frames)
+    decoder = relay.FrameDecoder(partial=True)
+    events = []
+    start = 0
+    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
+        events += decoder.feed(wire[start:cut])
+        start = max(start, cut)
+    data = b"".join(e.data for e in events if isinstance(e, relay.DataReceived))
+    assert data == b"".join(payloads)
+    assert events[-1] == relay.EofReceived()
+
+
+def test_a_heartbeat_with_a_payload_is_refused_before_the_payload_arrives() -> None:
+    with pytest.raises(relay.FrameError, match="HEARTBEAT frame with a payload"):
+        relay.FrameDecoder(partial=True).feed(b"\x05\x00\x00\x00\x01")
+
+
+@pytest.mark.parametrize(
+    ("header", "interval"),
+    [
+        ("2", 2.0),
+        ("0.5", 0.5),
+        (" 60 ", 60.0),
+        (None, None),
+        ("", None),
+        ("soon", None),
+        ("0.01", None),
+        ("61", None),
+        ("nan", None),
+        ("inf", None),
+        ("-2", None),
+    ],
+)
+def test_the_heartbeat_header_names_a_bounded_interval(
+    header: str | None, interval: float | None
+) -> None:
+    assert relay.heartbeat_interval(header) == interval
