@@ -26,12 +26,12 @@ from subres.engine import internals
 from subres.protocol import relay as wire
 from subres.serving import connections, errors, loops, tls
 
-__all__ = ["Agent", "build", "main", "policy", "serve"]
+__all__ = ["Agent", "build", "main", "policy", "relay_settings", "serve"]
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 5.0
-"""Seconds live relays get when the agent stops."""
+"""Seconds the relays, told to end, get to close when the agent stops."""
 
 
 def policy(options: AgentOptions) -> EndpointPolicySpec:
@@ -62,9 +62,9 @@ def _within(inner: IPNetwork, outer: IPNetwork) -> bool:
     return False
 
 
-def build(options: AgentOptions) -> web.Application:
-    """The agent's application: `POST /relay` and nothing else."""
-    settings = relay.Relay(
+def relay_settings(options: AgentOptions) -> relay.Relay:
+    """What the relay route needs, from the options."""
+    return relay.Relay(
         node=options.node_name,
         policy=policy(options),
         allowed_names=frozenset(options.allowed_names),
@@ -72,8 +72,19 @@ def build(options: AgentOptions) -> web.Application:
         read_size=options.read_size,
         write_timeout=options.write_timeout,
     )
+
+
+def build(settings: relay.Relay) -> web.Application:
+    """The agent's application: `POST /relay` and nothing else."""
     app = web.Application(middlewares=[errors.errors], client_max_size=0)
     app.router.add_route("POST", wire.PATH, functools.partial(relay.handle, settings))
+
+    async def stopping(_: web.Application) -> None:
+        # Once it stopped listening: told now, a replica keeping a console dials it
+        # again (through the node's next agent) without waiting out the grace.
+        relay.end_all(settings)
+
+    app.on_shutdown.append(stopping)
     return app
 
 
@@ -89,7 +100,7 @@ class Agent:
             require_client_cert=True,
         )
         self.runner = web.AppRunner(
-            build(options), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE
+            build(relay_settings(options)), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE
         )
         self.port = 0
         self._watcher: asyncio.Task[None] | None = None
@@ -119,7 +130,7 @@ class Agent:
         return self.port
 
     async def stop(self) -> None:
-        """Stop listening and end live relays."""
+        """Stop listening and end live relays, each replica told why at once."""
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.wait([self._watcher])
