@@ -23,7 +23,7 @@ import yaml
 
 from subres import config, fields
 from subres.backends import addresses, endpoint
-from subres.protocol import channels, consolelog, portforward_spdy, portforward_ws, rfb
+from subres.protocol import channels, consolelog, portforward_spdy, portforward_ws, relay, rfb
 from subres.protocol.spdy import errors as spdy_errors
 from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
@@ -276,7 +276,13 @@ _KEYS = {
     "consoles": ["serial1", "sol", "serial0", "Bad", "console"],
     "ssh": ["credentials", "hostKey", "command", "term", "via"],
     "endpointPolicy": ["schemes", "allowCIDRs", "denyCIDRs", "socketDirs"],
-    "session": ["pingInterval", "readSize", "screenshotMaxPixels", "screenshotConcurrency"],
+    "session": [
+        "pingInterval",
+        "relayHeartbeat",
+        "readSize",
+        "screenshotMaxPixels",
+        "screenshotConcurrency",
+    ],
 }
 _LEAVES: list[Any] = [
     ".status.a", ".spec.a", "unix:///run/{.metadata.uid}/s", "any", "10.0.0.0/8", "::/0",
@@ -361,6 +367,39 @@ def console_log(data: bytes) -> None:
         assert followed == text
 
 
+def _relay_events(decoder: relay.FrameDecoder, chunks: list[bytes]) -> list[relay.Event] | None:
+    """The events of `chunks`, adjacent data joined; None when the decoder refused them."""
+    events: list[relay.Event] = []
+    try:
+        for chunk in chunks:
+            events += decoder.feed(chunk)
+    except relay.FrameError:
+        return None
+    joined: list[relay.Event] = []
+    for event in events:
+        last = joined[-1] if joined else None
+        if isinstance(event, relay.DataReceived) and isinstance(last, relay.DataReceived):
+            joined[-1] = relay.DataReceived(last.data + event.data)
+        else:
+            joined.append(event)
+    return joined
+
+
+def relay_frames(data: bytes) -> None:
+    """Relay frames from a hostile agent or replica: however cut, the same events or refusal."""
+    fdp = atheris.FuzzedDataProvider(data)
+    partial, peer = fdp.ConsumeBool(), fdp.ConsumeBool()
+    relay.heartbeat_interval(fdp.ConsumeUnicodeNoSurrogates(12))
+    wire = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 4096))
+    whole = _relay_events(relay.FrameDecoder(partial=partial, peer=peer), [wire])
+    cut = _relay_events(relay.FrameDecoder(partial=partial, peer=peer), _chunks(fdp, wire))
+    if partial:
+        assert whole == cut, (whole, cut)
+    else:
+        # Datagrams are never split: whole frames, whatever the chunks.
+        assert (whole is None) == (cut is None) and whole == cut, (whole, cut)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "spdy": spdy,
     "spdy-headers": spdy_headers,
@@ -370,5 +409,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "endpoints": endpoints,
     "config": config_loader,
     "console-log": console_log,
+    "relay": relay_frames,
 }
 """Every target by the name `python -m tests.fuzz` takes."""
