@@ -11,7 +11,9 @@ connection once, while they were reading, nothing at all arrived for
 `relay.MISSED_BEATS` intervals. While reading is paused (backpressure) the
 count stops: what is not read cannot be heard.
 
-One timer per connection, and one attribute set per chunk received.
+One timer per connection, due at the next beat or at the moment the peer
+would have been silent too long, whichever comes first; one clock read per
+chunk received.
 """
 
 from __future__ import annotations
@@ -31,7 +33,16 @@ class Heartbeat:
     whether it reads at all (False while backpressure pauses it).
     """
 
-    __slots__ = ("_beat", "_expire", "_handle", "_heard", "_interval", "_missed", "_reading")
+    __slots__ = (
+        "_beat",
+        "_expire",
+        "_handle",
+        "_heard_at",
+        "_interval",
+        "_loop",
+        "_next_beat",
+        "_reading",
+    )
 
     def __init__(
         self,
@@ -45,8 +56,8 @@ class Heartbeat:
         self._beat = beat
         self._expire = expire
         self._reading = reading
-        self._heard = False
-        self._missed = 0
+        self._loop = asyncio.get_running_loop()
+        self._heard_at = self._next_beat = self._loop.time()
         self._handle: asyncio.TimerHandle | None = None
 
     @property
@@ -55,9 +66,9 @@ class Heartbeat:
         return self._interval * relay.MISSED_BEATS
 
     def start(self) -> None:
-        """Beat now, and every interval until `stop`."""
-        self._beat()
-        self._handle = asyncio.get_running_loop().call_later(self._interval, self._tick)
+        """Beat now, and every interval until `stop` or the peer is given up."""
+        self._heard_at = self._next_beat = self._loop.time()
+        self._tick()
 
     def stop(self) -> None:
         """No more beats or checks (the connection ended)."""
@@ -67,17 +78,18 @@ class Heartbeat:
 
     def heard(self) -> None:
         """Something arrived from the peer."""
-        self._heard = True
+        self._heard_at = self._loop.time()
 
     def _tick(self) -> None:
-        if self._heard or not self._reading():
-            self._missed = 0
-        else:
-            self._missed += 1
-        self._heard = False
-        if self._missed >= relay.MISSED_BEATS:
+        now = self._loop.time()
+        if not self._reading():
+            self._heard_at = now  # nothing is read, so nothing can be missed
+        if now - self._heard_at >= self.silence:
             self._handle = None
             self._expire(f"nothing arrived for {self.silence:g}s")
             return
-        self._beat()
-        self._handle = asyncio.get_running_loop().call_later(self._interval, self._tick)
+        if now >= self._next_beat:
+            self._beat()
+            self._next_beat = now + self._interval
+        due = min(self._next_beat, self._heard_at + self.silence)
+        self._handle = self._loop.call_at(due, self._tick)

@@ -46,7 +46,18 @@ SETTLE_TIMEOUT_S = 90.0
 AUDIT_SETTLE_S = 15.0
 """Bound on a replica writing a session's end line after its client left."""
 STATE = "subres_drill_mark"
-WORDS = ("reconnect", "Reconnected", "error", "Error", "gave up", "lost", "going away")
+WORDS = (
+    "reconnect",
+    "Reconnected",
+    "error",
+    "Error",
+    "gave up",
+    "lost",
+    "going away",
+    "not ready",
+    "stopped answering",
+    "shutting down",
+)
 """What makes a CLI's line worth reporting (the VM's own output is not)."""
 
 
