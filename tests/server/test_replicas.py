@@ -24,6 +24,7 @@ import pytest
 from subres.backends.agent import Request, open_relay
 from subres.backends.peer import PATH, UPGRADE, PeerStream
 from subres.demo.vnc import Display, VncServer
+from subres.engine.upgrade import UpgradedSocket
 from subres.protocol.relay import HEARTBEAT_HEADER as HEARTBEAT
 from subres.sessions import peer
 from subres.sessions.runtime import Who
@@ -246,3 +247,30 @@ async def test_a_front_that_falls_silent_is_dropped_by_the_owner_and_the_console
         # Never beaten: within four beats the owner lets go of the slot and the console.
         await wait_for(lambda: backend.open == 0 and not owner.state.sessions.exclusive)
         await stream.close()
+
+
+async def test_a_silent_owner_is_given_up_by_the_front_whose_client_is_told_to_come_back(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a network cut leaves it: an owner that agreed to heartbeats and sends none."""
+    beat = 0.2
+    # Owners answer `Subres-Heartbeat` but never beat; fronts (relay clients) still do.
+    monkeypatch.setattr(UpgradedSocket, "start_heartbeat", lambda *_: None)
+    heartbeat = {"session": {"relayHeartbeat": beat}}
+    async with (
+        replicas(tmp_path, backend, config=lambda _: heartbeat) as (_, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, front = owner_and_other(servers)
+        async with http.ws_connect(url(front, "console"), **as_user(tmp_path, "alice")) as ws:
+            await echoes(ws, b"up")
+            # Idle: within four beats of nothing the front lets go, telling its client why.
+            closed = await ws.receive(timeout=20 * beat)
+        assert closed.type is aiohttp.WSMsgType.CLOSE
+        assert ws.close_code == 1001
+        assert (
+            closed.extra
+            == f"the replica {owner.state.replica} owning this console stopped answering"
+        )
+        # The owner saw the front's side go and freed the slot and the console.
+        await wait_for(lambda: backend.open == 0 and not owner.state.sessions.exclusive)
