@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from subres import fields
+from subres import fields, policies
+from subres.policies import LimitRule, Moderation
 from subres.protocol import relay
 
 __all__ = [
@@ -89,6 +90,10 @@ runtimes' sockets)."""
 
 OPT_IN = ("never", "annotated", "always")
 """How a console opts in to being kept or recorded."""
+RECORD = (*OPT_IN, "required")
+"""How a console or display opts in to being recorded: `required` is `always`, and no
+session without its recording (fail closed)."""
+RECORDED = ("console", "vnc")
 
 
 class ConfigError(ValueError):
@@ -161,8 +166,10 @@ class SubresourceSpec:
     """console: keep its backend connection open while nobody is attached: `never`,
     `always`, or `annotated` (when the parent carries `consoles.keepAnnotation: "true"`)."""
     record: str = "annotated"
-    """console: record sessions (when `consoles.recordings.directory` is set): `never`,
-    `always`, or `annotated` (`consoles.recordAnnotation: "true"`)."""
+    """console and vnc: record sessions (when `consoles.recordings.directory` is set):
+    `never`, `always`, `required` (always, and a session whose recording cannot be
+    written is refused or ended), or `annotated` (`consoles.recordAnnotation` for a
+    console, `consoles.recordDisplayAnnotation` for a display, "true")."""
     unit: str = ""
     """Which of the parent's units of this subresource this spec describes: a console's
     name, a usbredir slot's number; "" for the only one (or the default console)."""
@@ -281,6 +288,10 @@ class SessionSpec:
     """Seconds a shared SSH connection stays open after its last session ended."""
     observer_backlog: int = 1 << 20
     """Bytes an observer may fall behind a console before it is cut off (close code 4002)."""
+    max_observers: int = 100
+    """Observers (of consoles and displays) one replica serves at once; more get 429."""
+    max_observers_per_console: int = 20
+    """Observers one console, or one display, may have at once; more get 429."""
 
 
 @dataclass(frozen=True)
@@ -291,16 +302,29 @@ class ConsolesSpec:
     """Annotation that opts a parent in to a kept console (value "true")."""
     record_annotation: str = "subres.dev/record-console"
     """Annotation that opts a parent in to recorded console sessions (value "true")."""
+    record_display_annotation: str = "subres.dev/record-display"
+    """Annotation that opts a parent in to recorded display (vnc) sessions (value "true")."""
     scrollback: int = 64 * 1024
     """Bytes of output a kept console keeps for whoever attaches next."""
     max_kept: int = 1000
-    """Consoles one replica keeps at most; parents past it are not kept (and logged)."""
+    """Consoles one replica keeps at most, shared fairly between namespaces (logged past it)."""
+    max_kept_per_namespace: int = 100
+    """Consoles of one namespace kept at most, however many opt in."""
     recordings: str = ""
     """Directory recordings are written to; empty: nothing is recorded."""
     max_recording_bytes: int = 64 << 20
     """Size of one recording file before it goes on in a new one."""
     max_recordings_bytes: int = 1 << 30
-    """Size of all recordings; the oldest files are deleted past it."""
+    """Size of all recordings together; past it nothing more is recorded (nothing is deleted
+    to make room across namespaces)."""
+    max_namespace_bytes: int = 256 << 20
+    """Size of one namespace's recordings; past 90 % of it that namespace's oldest recordings
+    not recorded `always` or `required` are deleted, at 100 % its recorded consoles and
+    displays refuse sessions."""
+    max_age: float = 0.0
+    """Seconds after its last write that a recording is deleted, audit or not; 0: never."""
+    display_rate: float = 4.0
+    """Framebuffer updates a display's recording asks for per second, at most."""
 
 
 @dataclass(frozen=True)
@@ -320,6 +344,11 @@ class Config:
     anyone who may edit a parent object can change. Off, endpoints come from `.status`,
     written through the status subresource that namespace editors do not get."""
     consoles: ConsolesSpec = ConsolesSpec()
+    limits: tuple[LimitRule, ...] = ()
+    """Per-role limits (`policies.LimitRule`): the strictest that matches a session wins."""
+    moderation: tuple[Moderation, ...] = ()
+    """Which sessions need moderators watching (`policies.Moderation`); the first that
+    matches applies."""
 
     def parent(self, resource: str) -> ParentSpec | None:
         """The parent kind served under `resource`."""
@@ -389,6 +418,8 @@ def parse(data: Any) -> Config:
         "serverVersion",
         "endpointsFromSpec",
         "consoles",
+        "limits",
+        "moderation",
     }
     doc = _mapping(data, "config", keys)
     default = Config()
@@ -405,6 +436,7 @@ def parse(data: Any) -> Config:
         server_version=_server_version(doc.get("serverVersion", {})),
         endpoints_from_spec=from_spec,
         consoles=_consoles(doc.get("consoles", {})),
+        **_policies(doc),
     )
     resources = [p.resource for p in cfg.parents]
     if not resources or len(set(resources)) != len(resources):
@@ -418,6 +450,17 @@ def parse(data: Any) -> Config:
     if not from_spec:
         _check_trusted(cfg.parents)
     return cfg
+
+
+def _policies(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`limits` and `moderation`, read by `policies`."""
+    try:
+        return {
+            "limits": policies.parse_limits(doc.get("limits", [])),
+            "moderation": policies.parse_moderation(doc.get("moderation", [])),
+        }
+    except policies.PolicyError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_trusted(parents: tuple[ParentSpec, ...]) -> None:
@@ -510,9 +553,12 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
     doc = _mapping(data, name, keys | {"slots", "name", "consoles"})
     if ("name" in doc or "consoles" in doc) and name != "console":
         raise ConfigError(f"{name}: only console has a name and more consoles")
-    for key in ("keep", "record"):
-        if key in doc and (name != "console" or doc[key] not in OPT_IN):
-            raise ConfigError(f"{name}.{key}: only console has it, one of {', '.join(OPT_IN)}")
+    if "keep" in doc and (name != "console" or doc["keep"] not in OPT_IN):
+        raise ConfigError(f"{name}.keep: only console has it, one of {', '.join(OPT_IN)}")
+    if "record" in doc and (name not in RECORDED or doc["record"] not in RECORD):
+        raise ConfigError(
+            f"{name}.record: only console and vnc have it, one of {', '.join(RECORD)}"
+        )
     if "slots" in doc and name != "usbredir":
         raise ConfigError(f"{name}.slots: only usbredir has slots")
     if SLOT in str(doc.get("endpoint", "")) and name != "usbredir":
@@ -693,6 +739,8 @@ def _session(data: Any) -> SessionSpec:
         "screenshotMaxPixels",
         "screenshotConcurrency",
         "observerBacklog",
+        "maxObservers",
+        "maxObserversPerConsole",
     }
     doc = _mapping(data, "session", keys)
     default = SessionSpec()
@@ -723,16 +771,36 @@ def _session(data: Any) -> SessionSpec:
         observer_backlog=_count(
             doc.get("observerBacklog", default.observer_backlog), "observerBacklog"
         ),
+        max_observers=_count(doc.get("maxObservers", default.max_observers), "maxObservers"),
+        max_observers_per_console=_count(
+            doc.get("maxObserversPerConsole", default.max_observers_per_console),
+            "maxObserversPerConsole",
+        ),
     )
 
 
 def _consoles(data: Any) -> ConsolesSpec:
-    keys = {"keepAnnotation", "recordAnnotation", "scrollback", "maxKept", "recordings"}
+    keys = {
+        "keepAnnotation",
+        "recordAnnotation",
+        "recordDisplayAnnotation",
+        "scrollback",
+        "maxKept",
+        "maxKeptPerNamespace",
+        "recordings",
+    }
     doc = _mapping(data, "consoles", keys)
     files = _mapping(
         doc.get("recordings", {}),
         "consoles.recordings",
-        {"directory", "maxFileBytes", "maxTotalBytes"},
+        {
+            "directory",
+            "maxFileBytes",
+            "maxTotalBytes",
+            "maxNamespaceBytes",
+            "maxAge",
+            "displayRate",
+        },
     )
     d = ConsolesSpec()
 
@@ -744,14 +812,30 @@ def _consoles(data: Any) -> ConsolesSpec:
         record_annotation=_str(
             doc.get("recordAnnotation", d.record_annotation), "recordAnnotation"
         ),
+        record_display_annotation=_str(
+            doc.get("recordDisplayAnnotation", d.record_display_annotation),
+            "recordDisplayAnnotation",
+        ),
         scrollback=size(doc.get("scrollback", d.scrollback), "scrollback"),
         max_kept=size(doc.get("maxKept", d.max_kept), "maxKept"),
+        max_kept_per_namespace=size(
+            doc.get("maxKeptPerNamespace", d.max_kept_per_namespace), "maxKeptPerNamespace"
+        ),
         recordings=_str(files.get("directory", d.recordings), "recordings.directory"),
         max_recording_bytes=size(
             files.get("maxFileBytes", d.max_recording_bytes), "recordings.maxFileBytes"
         ),
         max_recordings_bytes=size(
             files.get("maxTotalBytes", d.max_recordings_bytes), "recordings.maxTotalBytes"
+        ),
+        max_namespace_bytes=size(
+            files.get("maxNamespaceBytes", d.max_namespace_bytes), "recordings.maxNamespaceBytes"
+        ),
+        max_age=_positive(files["maxAge"], "consoles.recordings.maxAge")
+        if "maxAge" in files
+        else d.max_age,
+        display_rate=_positive(
+            files.get("displayRate", d.display_rate), "consoles.recordings.displayRate"
         ),
     )
 

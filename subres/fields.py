@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from subres.protocol import digits
+
 __all__ = [
     "FieldError",
     "FieldPath",
@@ -140,8 +142,8 @@ def ports(value: Any) -> frozenset[int] | None:
 
 
 def _port(item: Any) -> int:
-    if isinstance(item, str) and item.isascii() and item.isdigit():
-        item = int(item)
+    if isinstance(item, str) and digits.plain(item):
+        item = digits.value(item, cap=0xFFFF)
     if isinstance(item, int) and not isinstance(item, bool) and 0 < item <= 0xFFFF:
         return item
     raise FieldError(f"{item!r} is not a port number from 1 to 65535")

@@ -439,9 +439,15 @@ class ServeProcess:
 
 @contextlib.asynccontextmanager
 async def serve_process(
-    tmp: Path, *objects: dict[str, Any], delay: float, grace: float, port: int = 0
+    tmp: Path,
+    *objects: dict[str, Any],
+    delay: float,
+    grace: float,
+    port: int = 0,
+    config: dict[str, Any] | None = None,
 ) -> AsyncIterator[ServeProcess]:
-    """Run the real server in a child process on `port` (0: any), with `objects`.
+    """Run the real server in a child process on `port` (0: any), with `objects`; `config`
+    adds top-level keys to its configuration.
 
     A second server started on the same `tmp` reuses its certificates and
     token, as a restarted or another replica would. A server still running
@@ -452,8 +458,8 @@ async def serve_process(
         tokens.write_text(f'{os.urandom(8).hex()},alice,alice-uid,"devs"\n')
     token = tokens.read_text().split(",", 1)[0]
     (tmp / "machines.yaml").write_text(yaml.safe_dump_all(list(objects)))
-    config = {"endpointPolicy": LOOPBACK_POLICY}
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    settings = {"endpointPolicy": LOOPBACK_POLICY, **(config or {})}
+    (tmp / "config.yaml").write_text(yaml.safe_dump(settings))
     certs.ensure_self_signed(tmp / "certs", service="subres", namespace="subres-system")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "subres", "serve", "--standalone", str(tmp / "machines.yaml"),

@@ -88,7 +88,9 @@ def test_ports_from_lists_numbers_and_strings(value: Any, ports: set[int] | None
     assert fields.ports(value) == (None if ports is None else frozenset(ports))
 
 
-@pytest.mark.parametrize("value", ["22,http", [0], [65536], [True], "22;80", {"a": 1}, [2.5]])
+@pytest.mark.parametrize(
+    "value", ["22,http", [0], [65536], [True], "22;80", {"a": 1}, [2.5], "2" * 5000, ["9" * 5000]]
+)
 def test_ports_refuse_what_is_not_a_port(value: Any) -> None:
     with pytest.raises(fields.FieldError):
         fields.ports(value)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from subres.serving import loops
+from subres.serving import connections, loops
 from subres.serving.certs import REPLICA_IDENTITY
 
 __all__ = ["AgentOptions", "add_arguments"]
@@ -37,7 +38,7 @@ class AgentOptions:
     allowed_names: tuple[str, ...]
     """Common names of the replicas' client certificates that may relay."""
     socket_dirs: tuple[Path, ...]
-    """unix sockets must lie under one of these (after resolving symlinks)."""
+    """unix sockets must lie under one of these, reached without following a link."""
     allow_tcp: tuple[str, ...]
     """Networks the agent may dial over TCP or UDP; empty turns both off."""
     connect_timeout: float
@@ -46,6 +47,11 @@ class AgentOptions:
     """Seconds a backend may take no data before its relay fails."""
     loop: str = loops.DEFAULT
     """The event loop: uvloop or asyncio (`subres.serving.loops`)."""
+    connections: connections.Limits = field(default_factory=connections.Limits)
+    """Handshake, header and idle timeouts and the unauthenticated cap, as `subres serve`'s."""
+    socket_owners: Mapping[Path, tuple[int, int | None]] = field(default_factory=dict)
+    """Per socket directory, the uid (and gid) its sockets and their listeners must have;
+    a directory not named here: the uid that owns it."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> AgentOptions:
@@ -58,12 +64,14 @@ class AgentOptions:
             tls_private_key_file=ns.tls_private_key_file,
             client_ca_file=ns.client_ca_file,
             allowed_names=tuple(n for n in ns.allowed_names.split(",") if n),
-            socket_dirs=tuple(ns.socket_dir or ()),
+            socket_dirs=tuple(Path(d.partition("=")[0]) for d in ns.socket_dir or ()),
+            socket_owners=_owners(ns.socket_dir or ()),
             allow_tcp=tuple(ns.allow_tcp or ()),
             connect_timeout=ns.connect_timeout,
             read_size=ns.read_size,
             write_timeout=ns.write_timeout,
             loop=ns.loop,
+            connections=connections.Limits.from_args(ns),
         )
 
     def validate(self) -> list[str]:
@@ -77,9 +85,8 @@ class AgentOptions:
             problems.append("--allowed-names must name at least one replica identity")
         if not self.socket_dirs and not self.allow_tcp:
             problems.append("give --socket-dir or --allow-tcp: this agent could dial nothing")
-        for directory in self.socket_dirs:
-            if not directory.is_absolute() or directory == Path("/"):
-                problems.append(f"--socket-dir {directory} must be an absolute directory below /")
+        problems += self._socket_problems()
+        problems += self.connections.problems()
         for cidr in self.allow_tcp:
             try:
                 ipaddress.ip_network(cidr)
@@ -92,6 +99,31 @@ class AgentOptions:
         if self.write_timeout <= 0:
             problems.append("--write-timeout must be positive")
         return problems
+
+    def _socket_problems(self) -> list[str]:
+        problems = []
+        for directory in self.socket_dirs:
+            if not directory.is_absolute() or directory == Path("/"):
+                problems.append(f"--socket-dir {directory} must be an absolute directory below /")
+        for directory, (uid, gid) in self.socket_owners.items():
+            if uid < 0 or (gid is not None and gid < 0):
+                problems.append(f"--socket-dir {directory}: the owner must be UID[:GID]")
+        return problems
+
+
+def _owners(values: Iterable[str]) -> dict[Path, tuple[int, int | None]]:
+    """`DIR=UID[:GID]` values as owners; a part that is not a number reads as -1 (invalid)."""
+    owners: dict[Path, tuple[int, int | None]] = {}
+    for value in values:
+        directory, sep, owner = value.partition("=")
+        if sep:
+            uid, colon, gid = owner.partition(":")
+            owners[Path(directory)] = (_id(uid), _id(gid) if colon else None)
+    return owners
+
+
+def _id(text: str) -> int:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else -1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,9 +142,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--socket-dir",
-        type=Path,
         action="append",
-        help="directory whose unix sockets may be dialed (repeatable; symlinks resolved)",
+        metavar="DIR[=UID[:GID]]",
+        help="directory whose unix sockets may be dialed, reached without following links, "
+        "and the owner they and their listeners must have (default: DIR's owner); repeatable",
     )
     add(
         "--allow-tcp",
@@ -129,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a backend may take no data before its relay fails",
     )
     loops.add_argument(parser)
+    connections.add_arguments(parser)
     add(
         "--logging-format",
         choices=("text", "json"),

@@ -3,9 +3,10 @@
 Who may ask: a TLS client whose certificate chains to the agent's client CA
 (the handshake demands one), is meant for client authentication, and whose
 common name is an allowed replica identity. What may be dialed: whatever the
-agent's own policy allows (its socket directories, symlinks resolved before
-the check; TCP and UDP only to networks it was told to allow), never what
-the replica's policy says. A refusal is a `Status` (401 for the caller's
+agent's own policy allows (sockets in its directories, opened without
+following a link and only when they and their listener belong to the
+directory's owner: `backends.nofollow`; TCP and UDP only to networks it was
+told to allow), never what the replica's policy says. A refusal is a `Status` (401 for the caller's
 identity, 403 with the policy's reason, 503 when the dial fails), sent
 before any upgrade.
 
@@ -17,16 +18,16 @@ agent stops, every relay is ended at once with an ERROR frame saying so.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import os
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
 
-from subres.backends import direct
+from subres.backends import direct, nofollow
 from subres.backends import endpoint as endpoints
 from subres.backends.stream import BackendUnavailable
 from subres.config import EndpointPolicySpec
@@ -37,9 +38,13 @@ from subres.kube.status import StatusError
 from subres.protocol import relay
 from subres.serving.tls import replica_caller
 
-__all__ = ["Relay", "end_all", "handle"]
+__all__ = ["CALLER", "Relay", "authenticated", "end_all", "handle", "identity"]
 
 log = logging.getLogger(__name__)
+
+CALLER = web.RequestKey("caller", str)
+"""Request key of the replica identity `identity` admitted."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,9 @@ class Relay:
 
     node: str
     policy: EndpointPolicySpec
-    """Socket directories already resolved; schemes `unix`, plus `tcp` when networks are allowed."""
+    """Schemes `unix`, plus `tcp` when networks are allowed, and those networks."""
+    socket_dirs: tuple[nofollow.SocketDir, ...]
+    """Where sockets may be dialed, and who must own them."""
     allowed_names: frozenset[str]
     connect_timeout: float
     read_size: int
@@ -58,9 +65,25 @@ class Relay:
     """The relays running now (`end_all` ends them)."""
 
 
+def identity(settings: Relay) -> Middleware:
+    """Middleware that lets only an allowed replica's requests reach the route (401 otherwise)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        request[CALLER] = _caller(settings, request)
+        return await handler(request)
+
+    return middleware
+
+
+def authenticated(request: web.Request) -> bool:
+    """Whether `identity` let this request through."""
+    return CALLER in request
+
+
 async def handle(settings: Relay, request: web.Request) -> web.StreamResponse:
-    """Check the caller and the endpoint, dial, upgrade, relay until the session ends."""
-    caller = _caller(settings, request)
+    """Check the endpoint, dial, upgrade, relay until the session ends."""
+    caller = request[CALLER]
     if request.headers.get(hdrs.UPGRADE, "").lower() != relay.UPGRADE:
         raise StatusError(400, f"a relay request needs `Upgrade: {relay.UPGRADE}`")
     transport = _transport(request.headers.get(relay.TRANSPORT_HEADER, "stream"))
@@ -114,25 +137,37 @@ def _transport(text: str) -> relay.Transport:
 
 async def _vet(settings: Relay, url: str, transport: relay.Transport) -> endpoints.Target:
     """The endpoint as this agent's policy allows it, or a 400/403 naming the node."""
-    where = f'agent on node "{settings.node}"'
     try:
         endpoint = endpoints.parse(url)
         if endpoint.scheme == "unix":
             if transport is relay.Transport.DATAGRAM:
                 raise endpoints.EndpointInvalid("unix endpoints are streams, not datagrams")
-            # The check must see where the path really leads, and the dial go exactly there.
-            resolved = await asyncio.to_thread(os.path.realpath, endpoint.path)
-            endpoint = endpoints.Endpoint("unix", path=resolved)
+            # Read as written: the dial opens it beneath its directory, following no link.
+            nofollow.locate(endpoint.path, settings.socket_dirs)
+            return endpoints.Target(endpoint)
         return await endpoints.check(endpoint, settings.policy)
-    except endpoints.EndpointError as exc:
-        log.warning("%s refused %r: %s", where, url, exc)
-        raise StatusError(exc.code, f"{where}: {exc}") from None
+    except (endpoints.EndpointError, nofollow.SocketRefused) as exc:
+        raise _refused(settings, url, exc) from None
+
+
+def _refused(settings: Relay, url: str, exc: Exception) -> StatusError:
+    where = f'agent on node "{settings.node}"'
+    log.warning("%s refused %r: %s", where, url, exc)
+    return StatusError(getattr(exc, "code", 403), f"{where}: {exc}")
 
 
 async def _dial(
     settings: Relay, target: endpoints.Target, transport: relay.Transport
 ) -> ByteStream:
     try:
+        if target.endpoint.scheme == "unix":
+            return await nofollow.dial(
+                target.endpoint.path,
+                settings.socket_dirs,
+                connect_timeout=settings.connect_timeout,
+                read_size=settings.read_size,
+                write_timeout=settings.write_timeout,
+            )
         return await direct.dial(
             target,
             udp=transport is relay.Transport.DATAGRAM,
@@ -140,6 +175,8 @@ async def _dial(
             read_size=settings.read_size,
             write_timeout=settings.write_timeout,
         )
+    except nofollow.SocketRefused as exc:
+        raise _refused(settings, target.endpoint.path, exc) from None
     except BackendUnavailable as exc:
         raise StatusError(503, f'agent on node "{settings.node}": {exc}') from None
 

@@ -2,7 +2,11 @@
 
 The listener demands a client certificate from the replicas' CA (mutual
 TLS); the serving certificate and the CA are re-read when their files change
-(cert-manager rotates them), without dropping live relays.
+(cert-manager rotates them), without dropping live relays. Every connection
+has the server's timers and unauthenticated cap (`serving.connections`): a
+connection that never finishes TLS, never sends a request or idles is
+closed, and it counts as authenticated once a request passed the caller
+check.
 """
 
 from __future__ import annotations
@@ -20,18 +24,21 @@ from aiohttp import web
 
 from subres.agent import relay
 from subres.agent.options import AgentOptions
+from subres.backends import nofollow
 from subres.backends.addresses import IPNetwork
 from subres.config import EndpointPolicySpec
 from subres.engine import internals
 from subres.protocol import relay as wire
 from subres.serving import connections, errors, loops, tls
 
-__all__ = ["Agent", "build", "main", "policy", "relay_settings", "serve"]
+__all__ = ["GUARD", "Agent", "build", "main", "policy", "serve", "socket_dirs"]
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 5.0
 """Seconds the relays, told to end, get to close when the agent stops."""
+GUARD = web.AppKey("guard", connections.Guard)
+"""The application's connection guard (timeouts and the unauthenticated cap)."""
 
 
 def policy(options: AgentOptions) -> EndpointPolicySpec:
@@ -62,21 +69,35 @@ def _within(inner: IPNetwork, outer: IPNetwork) -> bool:
     return False
 
 
-def relay_settings(options: AgentOptions) -> relay.Relay:
-    """What the relay route needs, from the options."""
-    return relay.Relay(
+def socket_dirs(options: AgentOptions) -> tuple[nofollow.SocketDir, ...]:
+    """The socket directories: as named, their real paths, and who must own their sockets
+    (the directory's owner unless `--socket-dir DIR=UID[:GID]` says)."""
+    dirs = []
+    for directory in options.socket_dirs:
+        real = os.path.realpath(directory)
+        uid, gid = options.socket_owners.get(directory, (os.stat(real).st_uid, None))
+        dirs.append(nofollow.SocketDir(os.path.normpath(directory), real, uid, gid))
+        log.info("sockets under %s must belong to %s", directory, dirs[-1].owner())
+    return tuple(dirs)
+
+
+def build(options: AgentOptions) -> web.Application:
+    """The agent's application: `POST /relay` and nothing else."""
+    settings = relay.Relay(
         node=options.node_name,
         policy=policy(options),
+        socket_dirs=socket_dirs(options),
         allowed_names=frozenset(options.allowed_names),
         connect_timeout=options.connect_timeout,
         read_size=options.read_size,
         write_timeout=options.write_timeout,
     )
-
-
-def build(settings: relay.Relay) -> web.Application:
-    """The agent's application: `POST /relay` and nothing else."""
-    app = web.Application(middlewares=[errors.errors], client_max_size=0)
+    guard = connections.Guard(options.connections)
+    middlewares = guard.around(
+        [errors.errors, relay.identity(settings)], authenticated=relay.authenticated
+    )
+    app = web.Application(middlewares=middlewares, client_max_size=0)
+    app[GUARD] = guard
     app.router.add_route("POST", wire.PATH, functools.partial(relay.handle, settings))
 
     async def stopping(_: web.Application) -> None:
@@ -100,7 +121,7 @@ class Agent:
             require_client_cert=True,
         )
         self.runner = web.AppRunner(
-            build(relay_settings(options)), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE
+            build(options), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE
         )
         self.port = 0
         self._watcher: asyncio.Task[None] | None = None
@@ -111,10 +132,11 @@ class Agent:
         # TLS context; the replica's also starts informers and file watchers around it.
         internals.share_ssl_read_buffer()
         await self.runner.setup()
-        site = web.TCPSite(
+        site = connections.GuardedSite(
             self.runner,
-            self.options.bind_address,
-            self.options.port,
+            self.runner.app[GUARD],
+            host=self.options.bind_address,
+            port=self.options.port,
             ssl_context=self.tls.context,
             backlog=1024,
         )

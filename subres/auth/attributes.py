@@ -2,8 +2,10 @@
 
 Follows kube-apiserver's RequestInfo rules: `/apis/{group}/{version}/namespaces/
 {ns}/{resource}/{name}/{subresource}/…`; everything else is a non-resource path.
-A GET that names no object is a `list`, or a `watch` when `?watch=` says so,
-exactly as kube-apiserver authorized it before proxying the request here.
+A GET that names no object is a `list`, or a `watch` when `?watch=` is true as
+Go's `strconv.ParseBool` reads it (anything else is a list, as kube-apiserver's
+RequestInfo has it), exactly as kube-apiserver authorized it before proxying
+the request here.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Attributes", "from_request"]
+__all__ = ["Attributes", "from_request", "parse_bool"]
+
+TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 VERBS = {
     "GET": "get",
@@ -47,6 +52,11 @@ class Attributes:
         return f'{self.verb} resource "{what}" in API group "{self.group}"{where}'
 
 
+def parse_bool(text: str) -> bool | None:
+    """`text` as Go's `strconv.ParseBool` reads it; None when it reads no boolean."""
+    return True if text in TRUE else False if text in FALSE else None
+
+
 def from_request(method: str, path: str, query: Mapping[str, str] | None = None) -> Attributes:
     """Attributes of `method path?query`."""
     verb = VERBS.get(method.upper(), method.lower())
@@ -59,8 +69,7 @@ def from_request(method: str, path: str, query: Mapping[str, str] | None = None)
         namespace, rest = rest[1], rest[2:]
     name = rest[1] if len(rest) > 1 else ""
     if not name and verb == "get":
-        watch = (query or {}).get("watch")
-        verb = "watch" if watch is not None and watch.lower() not in ("false", "0") else "list"
+        verb = "watch" if parse_bool((query or {}).get("watch", "")) else "list"
     return Attributes(
         verb=verb,
         path=path,

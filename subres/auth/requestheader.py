@@ -5,8 +5,9 @@ names the user in `X-Remote-User`, `X-Remote-Group` and `X-Remote-Extra-*`
 (the header names are configurable). Those headers are believed only when the
 connection's leaf certificate verifies against the request-header CA alone
 (the TLS layer also trusts the client CA and does not say which CA matched),
-carries the client-auth usage and, if allowed names are configured, has one
-of them as its common name.
+carries the client-auth usage and, if allowed names are configured, has
+only allowed names as common names (CVE-2025-64432's class: the right CA,
+another name).
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ class FrontProxy:
         common_names = [
             str(a.value) for a in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
         ]
-        if allowed and not any(cn in allowed for cn in common_names):
+        # Every common name, not any one: kube-apiserver reads a subject's last CN, and a
+        # certificate that also names an allowed proxy must not smuggle another in.
+        if allowed and not (common_names and all(cn in allowed for cn in common_names)):
             raise Unauthenticated(
                 f"request-header certificate common name {common_names} is not allowed"
             )

@@ -192,6 +192,12 @@ class Peers:
         Raises `OSError` (or `TimeoutError`) when it cannot be asked; the
         caller bounds the time.
         """
+        return await self.call("GET", address, path, limit=limit)
+
+    async def call(
+        self, method: str, address: tuple[str, int], path: str, *, limit: int
+    ) -> tuple[int, bytes]:
+        """`method` `path` of the replica at `address`, as `get` does."""
         if self.tls is None:
             raise OSError("this replica has no replica certificate to reach the others")
         host, port = address
@@ -199,8 +205,8 @@ class Peers:
         try:
             async with (
                 aiohttp.ClientSession() as http,
-                http.get(
-                    url, ssl=self.tls.context(), server_hostname=self.tls.server_name
+                http.request(
+                    method, url, ssl=self.tls.context(), server_hostname=self.tls.server_name
                 ) as response,
             ):
                 body = await response.content.read(limit + 1)

@@ -239,8 +239,9 @@ async def get(
     request_timeout: float | None = OPEN_TIMEOUT,
     accept: str | None = None,
     sink: Callable[[bytes], Awaitable[None]] | None = None,
+    method: str = "GET",
 ) -> bytes:
-    """The body of a GET of `url` with the kubeconfig's credentials (and `accept`).
+    """The body of a GET (or `method`) of `url` with the kubeconfig's credentials (and `accept`).
 
     `ServerError` for any answer but 200 (with `target`'s hint on a 404),
     `CommandError` for a body over `max_body` bytes, `Unreachable` as for `connect`.
@@ -257,7 +258,8 @@ async def get(
         async with (
             # Without a proxy-url, the environment's (HTTPS_PROXY, NO_PROXY), as client-go.
             aiohttp.ClientSession(timeout=timeout, trust_env=config.proxy is None) as http,
-            http.get(
+            http.request(
+                method,
                 url,
                 headers={**headers, **({"Accept": accept} if accept else {})},
                 ssl=config.ssl if config.ssl is not None else True,

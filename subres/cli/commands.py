@@ -168,6 +168,16 @@ def _console(parser: argparse.ArgumentParser) -> None:
         help="take the console over without asking when someone else writes on it",
     )
     parser.add_argument(
+        "--moderate",
+        action="store_true",
+        help="watch as a moderator (console-moderate): a moderated writer works while you do",
+    )
+    parser.add_argument(
+        "--end",
+        action="store_true",
+        help="with --moderate: end the moderated session instead of watching it",
+    )
+    parser.add_argument(
         "--tail",
         type=int,
         metavar="LINES",
@@ -321,7 +331,15 @@ def _logs(parser: argparse.ArgumentParser) -> None:
 
 
 def _replay(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="an asciicast recording (- for stdin)")
+    parser.add_argument("file", metavar="FILE", help="a console or display recording (- for stdin)")
+    parser.add_argument(
+        "--video",
+        metavar="OUT",
+        help="export a display recording to this video file (.mp4, .webm, ...) with ffmpeg",
+    )
+    parser.add_argument(
+        "--fps", type=float, default=4.0, help="frames a second of the video (default 4)"
+    )
     parser.add_argument(
         "--speed", type=float, default=1.0, help="play this many times faster (default 1)"
     )
@@ -398,8 +416,9 @@ VERBS = (
     ),
     Verb(
         "replay",
-        "play a recorded console session in the terminal",
-        "Play an asciicast v2 recording (from subres recordings) at its own pace.",
+        "play a recorded console session, or export a display's to video",
+        "Play a console recording (asciicast v2, from subres recordings) at its own pace, "
+        "or export a display recording to a video file with --video (needs ffmpeg).",
         _replay,
         "subres.cli.replay",
         cluster=False,

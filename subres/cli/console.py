@@ -7,8 +7,11 @@ on the resize channel, Ctrl+] to leave, and the exit code from how the server
 ended the session. When the server goes away (1001) or the connection is
 lost, it connects again by itself and says so (`subres.cli.reconnect`).
 `--observe` watches through `console-observe` instead: stdin only ever
-looks for Ctrl+]. In a terminal, it first asks before taking the console
-from someone who writes on it (`subres.cli.takeover`; `--force` does not).
+looks for Ctrl+]; `--moderate` through `console-moderate`, which a moderated
+writer waits for (`--moderate --end` ends that writer's session). In a
+terminal, it first asks before taking the console from someone who writes on
+it (`subres.cli.takeover`; `--force` does not). Under a server's limits it
+says how long is left once it is short (`subres.cli.timeleft`).
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import BinaryIO
 from urllib.parse import urlencode
 
 from websockets.exceptions import ConnectionClosed
 
-from subres.cli import api, kubeconfig, reconnect, takeover, terminal
+from subres.cli import api, kubeconfig, reconnect, takeover, terminal, timeleft
 from subres.cli.api import CommandError, ServerError, Target
 from subres.cli.kubeconfig import ClientConfig
 from subres.engine.pump import Traffic, pump
@@ -63,22 +67,29 @@ async def _console(
     target = await api.resolve(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
     )
+    if ns.end and not ns.moderate:
+        raise CommandError("--end ends a moderated session: it goes with --moderate")
+    if ns.end:
+        plain = api.object_url(config, target, group_version=group_version, websocket=False)
+        return await _end(config, f"{plain}/console-moderate", target)
     fd = sys.stdin.fileno()
     interactive = os.isatty(fd)
-    observe = ns.observe
+    observe = ns.observe or ns.moderate
     if interactive and not observe and not ns.force:
         chosen = await takeover.ask(
             config, target, group_version=group_version, console=ns.console or ""
         )
         observe = chosen == takeover.OBSERVER
-    sub = "console-observe" if observe else "console"
+    sub = "console-moderate" if ns.moderate else "console-observe" if observe else "console"
     options = {"tail": ns.tail, "console": ns.console}
     query = urlencode({k: v for k, v in options.items() if v is not None})
     address = api.object_url(config, target, group_version=group_version) + f"/{sub}"
     address += f"?{query}" if query else ""
     ws = await _connect(config, address=address, target=target, retry_for=ns.timeout)
     if interactive:
-        how = "Observing (read-only)" if observe else "Connected to"
+        how = (
+            "Moderating" if ns.moderate else "Observing (read-only)" if observe else "Connected to"
+        )
         which = f" (console {ns.console})" if ns.console else ""
         print(f"{how} {target}{which}. Escape with Ctrl+]", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
@@ -89,7 +100,13 @@ async def _console(
             started = loop.time()
             try:
                 session = _Session(
-                    ws, _dialect(ws), fd=fd, interactive=interactive, observe=observe, stdout=stdout
+                    ws,
+                    _dialect(ws),
+                    fd=fd,
+                    interactive=interactive,
+                    observe=observe,
+                    stdout=stdout,
+                    target=str(target),
                 )
                 code = await session.run(may_reconnect=ns.reconnect)
             finally:
@@ -107,6 +124,13 @@ async def _console(
                 config, address=address, target=target, within=left, interactive=interactive
             )
             _say(f"Reconnected to {target}.", interactive=interactive)
+
+
+async def _end(config: ClientConfig, url: str, target: Target) -> int:
+    """End the moderated console session of `target`; 0, the server's words on stderr."""
+    body = await api.get(config, url, max_body=1 << 16, target=target, method="DELETE")
+    print(api.json_object(body).get("message") or "ended", file=sys.stderr)
+    return 0
 
 
 def _dialect(ws: ClientWebSocket) -> Dialect:
@@ -249,6 +273,8 @@ class _Terminal:
         self._interactive = interactive
         self._ended = False
         self.escaped = False
+        self.typed = time.monotonic()
+        """When the user last typed (monotonic), for the server's idle timeout."""
 
     @property
     def gone(self) -> bool:
@@ -265,6 +291,8 @@ class _Terminal:
         elif self._interactive and ESCAPE in data:
             self.escaped = True
             data = data[: data.index(ESCAPE)]
+        if data:
+            self.typed = time.monotonic()
         return data
 
     async def write(self, data: bytes) -> None:
@@ -351,8 +379,11 @@ class _Session:
         interactive: bool,
         observe: bool = False,
         stdout: _Output | None = None,
+        target: str = "",
     ) -> None:
         self._ws = ws
+        self._target = target
+        self._observe = observe
         self._fd = fd
         self._interactive = interactive
         self._terminal = _Terminal(
@@ -372,7 +403,7 @@ class _Session:
         # Once the server ends, stdin is not waited for.
         session = asyncio.create_task(pump(self._terminal, self._upstream, Traffic(), grace=0))
         stop = asyncio.create_task(stopped.wait())
-        tasks = {session, stop}
+        tasks = {session, stop, asyncio.create_task(self._time_left())}
         if self._interactive:
             tasks.add(asyncio.create_task(self._resize()))
         try:
@@ -392,6 +423,15 @@ class _Session:
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+
+    async def _time_left(self) -> None:
+        """Say how long the session has left once a limit of the server's is near."""
+        local = self._terminal
+        await timeleft.watch(
+            dict(self._ws.headers),
+            say=lambda line: _say(f"{self._target}: {line}", interactive=self._interactive),
+            last_input=None if self._observe else lambda: local.typed,
+        )
 
     async def _resize(self) -> None:
         """Send the terminal size now and after every SIGWINCH."""

@@ -1,45 +1,75 @@
-"""`subres replay FILE`: a recorded console session (asciicast v2) played in the terminal.
+"""`subres replay FILE`: a recorded session played in the terminal, or a display's exported.
 
-Output events are written to stdout at the pace they were recorded (times
-`--speed`, pauses longer than `--idle-time-limit` shortened to it), markers
-(who attached, who left) are said on stderr, resizes are skipped: the local
-terminal keeps its size. `-` reads the recording from stdin, so
-`subres recordings vm1 NAME -o - | subres replay -` plays one from the server.
+A console recording (asciicast v2): output events are written to stdout at
+the pace they were recorded (times `--speed`, pauses longer than
+`--idle-time-limit` shortened to it), markers (who attached, who left) are
+said on stderr, resizes are skipped: the local terminal keeps its size. A
+display recording cannot play in a terminal: `--video OUT` exports it with
+ffmpeg (`cli.video`), and the browser page plays it. `-` reads the
+recording from stdin, so `subres recordings vm1 NAME -o - | subres replay -`
+plays one from the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 import time
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from subres.cli import api
+from subres.cli import api, video
 from subres.cli.api import CommandError
-from subres.protocol import asciicast
+from subres.protocol import asciicast, displayrec
 
 __all__ = ["main", "play"]
 
 
 @api.command
 def main(ns: argparse.Namespace) -> int:
-    """Play the recording; 0 once it has played."""
-    if ns.speed <= 0:
-        raise CommandError("--speed must be more than 0")
+    """Play the recording, or export a display's to video; 0 once done."""
+    if ns.speed <= 0 or ns.fps <= 0:
+        raise CommandError("--speed and --fps must be more than 0")
     try:
-        if ns.file == "-":
-            play(sys.stdin.buffer, speed=ns.speed, idle_limit=ns.idle_time_limit)
-        else:
-            with open(ns.file, "rb") as file:
-                play(file, speed=ns.speed, idle_limit=ns.idle_time_limit)
+        with contextlib.ExitStack() as files:
+            source = _open(ns.file, files)
+            if source.peek(len(displayrec.MAGIC)).startswith(displayrec.MAGIC):
+                _display(ns, source.read())
+            elif ns.video is not None:
+                raise CommandError(
+                    f"{ns.file} is a console recording (asciicast): play it without --video, "
+                    "which exports display recordings"
+                )
+            else:
+                play(source, speed=ns.speed, idle_limit=ns.idle_time_limit)
     except OSError as exc:
         raise CommandError(f"cannot read {ns.file}: {api.os_reason(exc)}") from None
-    except asciicast.RecordingError as exc:
+    except (asciicast.RecordingError, displayrec.DisplayRecordingError) as exc:
         raise CommandError(f"{ns.file} is not a recording subres can play: {exc}") from None
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _open(name: str, files: contextlib.ExitStack) -> io.BufferedReader:
+    """The recording to read (stdin for `-`), buffered so that its start can be peeked at."""
+    if name == "-":
+        stdin = sys.stdin.buffer
+        assert isinstance(stdin, io.BufferedReader)
+        return stdin
+    return files.enter_context(open(name, "rb"))
+
+
+def _display(ns: argparse.Namespace, data: bytes) -> None:
+    if ns.video is None:
+        raise CommandError(
+            f"{ns.file} is a display recording: export it with --video OUT.mp4, "
+            "or play it on the browser page (subres web, its Recordings tab)"
+        )
+    frames = video.export(data, ns.video, fps=ns.fps, idle_limit=ns.idle_time_limit)
+    print(f"Exported {frames / ns.fps:.1f}s ({frames} frames) to {ns.video}.", file=sys.stderr)
 
 
 def play(source: BinaryIO, *, speed: float, idle_limit: float) -> None:

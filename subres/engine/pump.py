@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from subres.engine.stream import ByteStream
@@ -69,6 +70,8 @@ class Traffic:
     """From the client to the backend."""
     down: int = 0
     """From the backend to the client."""
+    last_up: float = field(default_factory=time.monotonic)
+    """When the client last sent bytes on (`time.monotonic()`; the start until then)."""
 
 
 class _BackendFailed(Exception):
@@ -163,6 +166,7 @@ async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> No
             if not eof_sent:
                 await _to_backend(backend.write(chunk))
                 traffic.up += len(chunk)
+                traffic.last_up = time.monotonic()
         elif client.gone:
             return
         elif not eof_sent:

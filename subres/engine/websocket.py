@@ -72,6 +72,16 @@ class CloseCode:
     TAKEN_OVER = 4001
     FELL_BEHIND = 4002
     """An observer that read the console too slowly was cut off."""
+    RECORDING_FAILED = 4003
+    """The session's required recording stopped being writable (`record: required`)."""
+    MAX_DURATION = 4004
+    """The session reached the longest a limit lets it last (`maxSessionDuration`)."""
+    IDLE = 4005
+    """The session went without input for as long as a limit allows (`idleTimeout`)."""
+    MODERATOR_ENDED = 4006
+    """A moderator ended the moderated session."""
+    MODERATOR_LEFT = 4007
+    """The moderators left a session whose policy says `onLeave: terminate`."""
 
 
 async def close_websocket(ws: web.WebSocketResponse, code: int, reason: str) -> None:

@@ -133,10 +133,18 @@ def _header(doc: Any) -> Header:
     return Header(
         width=width,
         height=height,
-        timestamp=int(doc.get("timestamp") or 0),
+        timestamp=_timestamp(doc.get("timestamp")),
         title=str(doc.get("title") or ""),
         env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
     )
+
+
+def _timestamp(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e12:
+        raise RecordingError("line 1: the timestamp must be seconds since the epoch")
+    return int(value)
 
 
 def _dimension(value: Any) -> int:

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from subres.protocol import digits
+
 __all__ = [
     "DATA",
     "ERROR",
@@ -125,9 +127,9 @@ def check(stream_id: int, headers: Iterable[tuple[str, str]]) -> PortStream:
 
 
 def _port(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or int(text) > 0xFFFF:
+    port = digits.value(text, cap=0xFFFF) if digits.plain(text) else 0xFFFF + 1
+    if port > 0xFFFF:
         raise StreamRefused(f"unable to parse {text!r} as a port")
-    port = int(text)
     if port < 1:
         raise StreamRefused(f"port {text!r} must be > 0")
     return port

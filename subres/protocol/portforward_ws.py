@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from subres.protocol import channels
+from subres.protocol import channels, digits
 from subres.protocol.channels import Dialect, Framing
 
 __all__ = [
@@ -87,9 +87,9 @@ def parse_ports(values: Iterable[str]) -> tuple[int, ...]:
 
 def _port(value: str, text: str) -> int:
     # Go's ParseUint takes plain ASCII digits only: no sign, no spaces, no underscores.
-    if not (text.isascii() and text.isdigit()):
+    if not digits.plain(text):
         raise PortsError(f"unable to parse {value!r} as a port")
-    port = int(text)
+    port = digits.value(text, cap=0xFFFF)
     if port > 0xFFFF:
         raise PortsError(f"unable to parse {value!r} as a port: out of range")
     if port < 1:

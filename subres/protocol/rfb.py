@@ -173,6 +173,9 @@ class _Rect:
 class ScreenshotClient:
     """The client side of one RFB connection that reads one framebuffer."""
 
+    ENCODINGS: tuple[int, ...] = (RAW,)
+    """What SetEncodings asks for (Raw only: the capture decodes nothing else)."""
+
     def __init__(self, *, limits: Limits = Limits()) -> None:
         self.limits = limits
         self.phase = Phase.VERSION
@@ -331,7 +334,8 @@ class ScreenshotClient:
         self._resize(width, height)
         self._events.append(ServerInitialised(width, height, name.decode("utf-8", "replace")))
         self._out += struct.pack(">Bxxx", 0) + CAPTURE_FORMAT.pack()  # SetPixelFormat
-        self._out += struct.pack(">BxHi", 2, 1, RAW)  # SetEncodings: Raw only
+        encodings = self.ENCODINGS
+        self._out += struct.pack(f">BxH{len(encodings)}i", 2, len(encodings), *encodings)
         self._request()
         self.phase = Phase.UPDATE
         return True
@@ -468,8 +472,12 @@ class ScreenshotClient:
         rect.rows_left -= rows
         if rect.rows_left == 0:
             self._rect = None
+            self._rect_complete(rect)
             self._rect_done()
         return True
+
+    def _rect_complete(self, rect: _Rect) -> None:
+        """A Raw rectangle is in the framebuffer (a watching client notes where)."""
 
     def _pseudo_size(self, encoding: int, width: int, height: int) -> int | None:
         """Bytes after the header of a pseudo-rectangle; None until they can be known."""

@@ -14,6 +14,13 @@ ends a view-only viewer's session: it cannot be checked, so it is refused.
 In RFB 3.3 the server chooses the security type; the guard reads the
 server's first 16 bytes for it (`from_server`), and nothing more.
 
+Memory stays bounded whatever the viewer or the guest does: a message's body
+passes (or is dropped) as its bytes arrive, so what the guard holds between
+calls is at most an unfinished header (`HEAD_LIMIT`), except while an RFB
+3.3 viewer waits for the server's security type: a viewer that sends more
+than `MAX_EARLY` bytes then (a legitimate one sends none) is refused, be it
+view-only or interactive, since its ClientInit must still be rewritten.
+
 Bytes in give the bytes to forward out. No I/O.
 """
 
@@ -32,6 +39,10 @@ SECURITY_VNC = 2
 VNC_RESPONSE = 16
 MAX_CUT_TEXT = 1 << 20
 """Longest cut text (dropped anyway) whose bytes a view-only viewer may send."""
+MAX_EARLY = 64 << 10
+"""Bytes an RFB 3.3 viewer may send before the server's security type reached the guard."""
+HEAD_LIMIT = VNC_RESPONSE
+"""The most the guard holds between calls once it is not waiting for the server."""
 
 # Client-to-server message types: RFC 6143 7.5 and the IANA registry.
 SET_PIXEL_FORMAT = 0
@@ -85,6 +96,16 @@ class ViewerGuard:
         self._server = bytearray()
         self._minor = 0
         self._security: int | None = None
+        self._body = 0
+        """Bytes of the current message still to pass or drop as they arrive."""
+        self._body_passed = False
+        self.dropped = 0
+        """Messages dropped so far (a view-only viewer's input)."""
+
+    @property
+    def buffered(self) -> int:
+        """Viewer bytes held back until more arrive."""
+        return len(self._pending)
 
     @property
     def transparent(self) -> bool:
@@ -168,6 +189,12 @@ class ViewerGuard:
         # RFB 3.3: the server chose, and its bytes reached the viewer (through
         # `from_server`) before the viewer could answer them.
         if len(self._server) < VERSION_SIZE + 4:
+            if len(self._pending) > MAX_EARLY:
+                # Held, not forwarded: a hung guest must not make us keep it all.
+                raise ViewerRefused(
+                    f"the viewer sent {len(self._pending)} bytes before the VNC server "
+                    "chose a security type"
+                )
             return None
         (self._security,) = struct.unpack(">I", self._server[VERSION_SIZE:])
         self._stage = _Stage.AUTH
@@ -197,14 +224,18 @@ class ViewerGuard:
     def _message(self) -> bytes | None:
         if not self._pending:
             return None
-        kind = self._pending[0]
-        size, passed = self._size(kind)
-        if size is None:
-            return None
-        message = self._take(size)
-        if message is None:
-            return None
-        return message if passed else b""
+        if not self._body:
+            size, passed = self._size(self._pending[0])
+            if size is None:
+                return None
+            self._body, self._body_passed = size, passed
+            if not passed:
+                self.dropped += 1
+        # The body goes on (or is dropped) as it arrives, never held whole.
+        part = bytes(self._pending[: self._body])
+        del self._pending[: len(part)]
+        self._body -= len(part)
+        return part if self._body_passed else b""
 
     def _size(self, kind: int) -> tuple[int | None, bool]:
         """The size of the message starting the pending bytes (None: not known yet)."""

@@ -54,6 +54,7 @@ from subres.server import (
     console,
     log,
     middleware,
+    moderate,
     portforward,
     recordinglist,
     screenshot,
@@ -101,6 +102,9 @@ def build(state: State) -> web.Application:
         ("POST", f"{sub}/console", console.handle),
         ("GET", f"{sub}/console-observe", console.observe),
         ("POST", f"{sub}/console-observe", console.observe),
+        ("GET", f"{sub}/console-moderate", console.moderate),
+        ("POST", f"{sub}/console-moderate", console.moderate),
+        ("DELETE", f"{sub}/console-moderate", moderate.end),
         ("GET", f"{sub}/sessions", sessionlist.for_machine),
         ("GET", f"{sub}/log", log.handle),
         ("GET", f"{sub}/recordings", recordinglist.listing),
@@ -109,6 +113,8 @@ def build(state: State) -> web.Application:
         ("GET", f"/apis/{group}/{version}/sessions", sessionlist.for_namespace),
         ("GET", f"{sub}/vnc", vnc.handle),
         ("GET", f"{sub}/vnc-observe", vnc.observe),
+        ("GET", f"{sub}/vnc-moderate", vnc.moderate),
+        ("DELETE", f"{sub}/vnc-moderate", moderate.end),
         ("GET", f"{sub}/screenshot", screenshot.handle),
         # KubeVirt's path (`virtctl vnc screenshot`); authorized as `vnc`, as kube-apiserver does.
         ("GET", f"{sub}/vnc/screenshot", screenshot.handle),
@@ -140,6 +146,7 @@ def build(state: State) -> web.Application:
     state.owners.on_change(members_changed)
 
     async def on_startup(_: web.Application) -> None:
+        await state.recordings.start()
         await keeper.start()
 
     async def on_shutdown(_: web.Application) -> None:
@@ -228,15 +235,19 @@ async def openapi_v3_index(state: State, request: web.Request) -> web.Response:
 
 
 async def openapi_v3(state: State, request: web.Request) -> web.Response:
-    """The group-version document; immutable under its hash, redirected when the hash is old."""
+    """The group-version document; immutable under its own hash, plain under any other.
+
+    kube-openapi redirects an old hash to the current one (301). subres never
+    redirects: kube-apiserver turns an aggregated server's redirect into a 502
+    (`--aggregator-reject-forwarding-redirect`, the fix of CVE-2022-3172), and
+    during a rolling update its index may name a hash one replica no longer
+    has. Under a hash that is not its own, the document is served uncacheable.
+    """
     spec = state.openapi
-    asked = request.query.get("hash")
-    if asked is None:
-        return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": "no-cache, private"})
-    if asked != spec.v3_hash:
-        location = f"/openapi/v3/{spec.v3_path}?hash={spec.v3_hash}"
-        raise web.HTTPMovedPermanently(location)
-    return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": "public, immutable"})
+    cache = (
+        "public, immutable" if request.query.get("hash") == spec.v3_hash else "no-cache, private"
+    )
+    return _json(spec.v3, ETag=f'"{spec.v3_hash}"', **{"Cache-Control": cache})
 
 
 async def metrics(state: State, request: web.Request) -> web.StreamResponse:

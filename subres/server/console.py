@@ -2,9 +2,12 @@
 
 Over a WebSocket in any channel dialect, or SPDY remote-command. `console`
 is the writer: one per machine, a newer one takes over. `console-observe`
-is an observer: read-only, any number, authorized as its own subresource so
-that RBAC can grant watching without typing; observers stay attached while
-writers come and go. Both accept `?tail=N` (lines of a kept console's
+is an observer: read-only, authorized as its own subresource so that RBAC
+can grant watching without typing, at most `session.maxObserversPerConsole`
+per console and `session.maxObservers` per replica (429 beyond:
+`sessions.sharing`); observers stay attached while writers come and go.
+`console-moderate` is an observer whom a moderated writer waits for
+(`sessions.moderation`). All accept `?tail=N` (lines of a kept console's
 scrollback to replay first) and `?console=NAME`: which of the machine's
 consoles (`serial1`, `sol`…), each with its own writer, observers, keeper,
 scrollback and recording; none (what virtctl and every other client send)
@@ -21,7 +24,7 @@ from subres.backends.peer import PeerStream
 from subres.engine.stream import ByteStream
 from subres.kube import status
 from subres.kube.status import StatusError
-from subres.protocol import httpstream
+from subres.protocol import digits, httpstream
 from subres.server import handshake, remotecommand, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
@@ -39,6 +42,8 @@ SUBPROTOCOLS = (
     "base64.channel.k8s.io",
 )
 """Raw framing (no subprotocol or KubeVirt's) and the Kubernetes channel protocols."""
+MAX_TAIL = (1 << 31) - 1
+"""The most lines `?tail=` may ask for (more than any scrollback holds)."""
 _NOTHING_TO_TAIL = (
     "the console of {} is not kept, so it has no scrollback: tail is ignored "
     "(a console is kept when its parent opts in, e.g. subres.dev/keep-console)"
@@ -53,6 +58,11 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
 async def observe(state: State, request: web.Request) -> web.StreamResponse:
     """An observer: check, negotiate, attach to the console, then upgrade and stream."""
     return await _serve(state, request, mode=session.OBSERVER)
+
+
+async def moderate(state: State, request: web.Request) -> web.StreamResponse:
+    """A moderator: an observer whom a moderated writer waits for (`sessions.moderation`)."""
+    return await _serve(state, request, mode=session.MODERATOR)
 
 
 async def _serve(state: State, request: web.Request, *, mode: str) -> web.StreamResponse:
@@ -70,18 +80,19 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         request.headers.getall(hdrs.CONNECTION, []), request.headers.getall(hdrs.UPGRADE, [])
     ):
         protocol = remotecommand.negotiate(request)
-        backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
+        backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
         return await remotecommand.serve(
             state,
             request,
             target=target,
             protocol=protocol,
             backend=backend,
-            exclusive=exclusive,
+            exclusive=not relayed and mode == session.WRITER,
+            owner=not relayed,
             mode=mode,
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
-    backend, exclusive = await _backend(state, request, target, url, mode=mode, tail=tail)
+    backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
     if tail is not None and not _replays(state, target, backend):
         # Said, not refused: the session is what was asked for, less a replay.
         ws.headers.add(hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
@@ -92,7 +103,8 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         ws=ws,
         dialect=dialect,
         backend=backend,
-        exclusive=exclusive,
+        exclusive=not relayed and mode == session.WRITER,
+        owner=not relayed,
         mode=mode,
     )
 
@@ -106,17 +118,17 @@ async def _backend(
     mode: str,
     tail: int | None,
 ) -> tuple[ByteStream, bool]:
-    """The session's backend, and whether the session holds the slot here.
+    """The session's backend, and whether it is relayed to another replica.
 
     When another replica owns the console, a peer session there (which holds
-    the slot); else the console here.
+    the slot and records); else the console here.
     """
+    if mode == session.MODERATOR:
+        sharing.may_moderate(state, target, who(request))  # before asking the owner
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=False, tail=tail)
     if relayed is not None:
-        return relayed, False
-    if mode == session.OBSERVER:
-        return sharing.observe(state, target, tail=tail), False
-    return await sharing.write(state, target, url, tail=tail), True
+        return relayed, True
+    return await sharing.console(state, target, who(request), mode=mode, tail=tail), False
 
 
 def _replays(state: State, target: subresource.Target, backend: ByteStream) -> bool:
@@ -130,6 +142,9 @@ def _tail(request: web.Request) -> int | None:
     text = request.query.get("tail")
     if text is None:
         return None
-    if not text.isascii() or not text.isdigit():
-        raise StatusError(400, f"tail must be a number of lines, not {text!r}")
-    return int(text)
+    if not digits.plain(text):
+        raise StatusError(400, f"tail must be a number of lines, not {text[:64]!r}")
+    lines = digits.value(text, cap=MAX_TAIL)
+    if lines > MAX_TAIL:
+        raise StatusError(400, f"tail must be at most {MAX_TAIL} lines")
+    return lines

@@ -22,12 +22,16 @@ __all__ = ["AGGREGATED_TYPES", "Documents", "build", "served", "wants_aggregated
 VERBS = {
     "console": ["create", "get"],
     "console-observe": ["create", "get"],
+    "console-moderate": ["create", "delete", "get"],
+    "vnc-moderate": ["delete", "get"],
     "portforward": ["create", "get"],
 }
 """WebSocket upgrades are GET, SPDY upgrades are POST; the others are GET only."""
 
 SHARES = {"console": "console-observe", "vnc": "vnc-observe"}
 """The read-only subresource beside each interactive one: RBAC grants it on its own."""
+MODERATED = {"console": "console-moderate", "vnc": "vnc-moderate"}
+"""The moderator's subresource beside each interactive one, served when moderation is set."""
 KINDS = {"sessions": "SessionList", "recordings": "RecordingList"}
 """Subresources that answer an object of their own kind rather than a stream."""
 
@@ -110,15 +114,20 @@ def _verbs(sub: str) -> list[str]:
     return VERBS.get(sub, ["get"])
 
 
-def served(parent: ParentSpec) -> list[str]:
-    """Every subresource a parent kind has: the configured ones and their shares."""
+def served(parent: ParentSpec, config: Config) -> list[str]:
+    """Every subresource a parent kind has: the configured ones, their shares, and their
+    moderators' when the configuration moderates any."""
     names: list[str] = []
     for sub in parent.subresources:
         names.append(sub)
         if sub in SHARES:
             names.append(SHARES[sub])
+        if sub in MODERATED and config.moderation:
+            names.append(MODERATED[sub])
     if "console" in parent.subresources:
-        names += ["log", "recordings"]
+        names.append("log")
+    if {"console", "vnc"} & set(parent.subresources):
+        names.append("recordings")
     return [*names, "sessions"]
 
 
@@ -132,7 +141,7 @@ def _resource_list(config: Config) -> dict[str, Any]:
             "verbs": _verbs(sub),
         }
         for parent in config.parents
-        for sub in served(parent)
+        for sub in served(parent, config)
     ]
     resources.append(
         {
@@ -188,7 +197,7 @@ def _discovered(config: Config, parent: ParentSpec) -> dict[str, Any]:
                 "responseKind": {**kind, "kind": KINDS.get(sub, parent.kind)},
                 "verbs": _verbs(sub),
             }
-            for sub in served(parent)
+            for sub in served(parent, config)
         ],
     }
 

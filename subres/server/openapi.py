@@ -31,7 +31,7 @@ LOG_PARAMETERS = (
 """The query options of `log`, as `pods/log` has them (and `console`)."""
 CHOSEN = ("console", "console-observe")
 """The streams that take `?console=`."""
-METHODS = {"get": "get", "create": "post"}
+METHODS = {"get": "get", "create": "post", "delete": "delete"}
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _operations(config: Config) -> dict[str, tuple[str, str, str]]:
     return {
         f"{base}/{p.resource}/{{name}}/{sub}": (p.kind, sub, p.resource)
         for p in config.parents
-        for sub in served(p)
+        for sub in served(p, config)
     }
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from subres.backends import agent
 from subres.serving import certs, connections, loops
+from subres.serving.flags import duration
 
 __all__ = [
     "LOOPBACK",
@@ -22,11 +22,8 @@ __all__ = [
     "add_arguments",
     "add_operator_arguments",
     "default_cert_dir",
-    "duration",
 ]
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
-_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 LOOPBACK = "127.0.0.1"
 """Where standalone mode listens unless told otherwise: only this machine reaches it."""
 EVERYWHERE = "0.0.0.0"
@@ -142,12 +139,7 @@ class Options:
                 p for p in ns.authorization_always_allow_paths.split(",") if p
             ),
             shutdown_grace=ns.shutdown_grace,
-            connections=connections.Limits(
-                tls_handshake_timeout=ns.tls_handshake_timeout,
-                request_header_timeout=ns.request_header_timeout,
-                idle_timeout=ns.idle_timeout,
-                max_unauthenticated=ns.max_unauthenticated_connections,
-            ),
+            connections=connections.Limits.from_args(ns),
             shutdown_delay=ns.shutdown_delay,
             kubeconfig=ns.kubeconfig,
             authentication_kubeconfig=ns.authentication_kubeconfig,
@@ -193,16 +185,7 @@ class Options:
             problems.append("--tls-cert-file and --tls-private-key-file go together")
         if self.shutdown_grace < 0:
             problems.append("--shutdown-grace must not be negative")
-        limits = self.connections
-        for flag, seconds in (
-            ("--tls-handshake-timeout", limits.tls_handshake_timeout),
-            ("--request-header-timeout", limits.request_header_timeout),
-            ("--idle-timeout", limits.idle_timeout),
-        ):
-            if seconds <= 0:
-                problems.append(f"{flag} must be positive")
-        if limits.max_unauthenticated < 1:
-            problems.append("--max-unauthenticated-connections must be at least 1")
+        problems += self.connections.problems()
         if self.shutdown_delay < 0:
             problems.append("--shutdown-delay must not be negative")
         problems += self._mode_problems()
@@ -333,7 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="then, how long live sessions get to end after being told (close code 1001); "
         "the server exits within --shutdown-delay plus this, whatever the sessions do",
     )
-    _add_connection_arguments(parser)
+    connections.add_arguments(parser)
     add_operator_arguments(parser)
     loops.add_argument(parser)
 
@@ -348,38 +331,6 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("text", "json"),
         default="text",
         help="text (default), or json: one object per line as Kubernetes components write it",
-    )
-
-
-def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Timeouts and the cap of every connection, as Go's http.Server has them."""
-    add = parser.add_argument
-    default = connections.Limits()
-    add(
-        "--tls-handshake-timeout",
-        type=duration,
-        default=default.tls_handshake_timeout,
-        help="time a client has to finish the TLS handshake (default 10s)",
-    )
-    add(
-        "--request-header-timeout",
-        type=duration,
-        default=default.request_header_timeout,
-        help="time a client has to send a whole request head, from the handshake or the "
-        "first byte of a keep-alive request; slowloris protection (default 32s)",
-    )
-    add(
-        "--idle-timeout",
-        type=duration,
-        default=default.idle_timeout,
-        help="time a keep-alive connection may wait for its next request (default 90s)",
-    )
-    add(
-        "--max-unauthenticated-connections",
-        type=int,
-        default=default.max_unauthenticated,
-        help="connections kept before a request on them authenticates; beyond it the "
-        "oldest is closed (default 1000)",
     )
 
 
@@ -488,18 +439,6 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
 def _agent(text: str) -> tuple[str, str]:
     node, _, url = text.partition("=")
     return node.strip(), url.strip()
-
-
-def duration(text: str) -> float:
-    """Seconds in a Go-style duration (`10s`, `1m30s`, `500ms`) or a plain number."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 10s or 1m")
-    return sum(float(n) * _UNIT[u] for n, u in parts)
 
 
 def _list(text: str) -> tuple[str, ...]:

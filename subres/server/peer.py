@@ -10,6 +10,8 @@ internal CA, and `serving.tls.replica_caller` checks it names a replica.
   objects (`sessionlist` merges every replica's).
 - `GET /peer/v1/recordings/{resource}/{namespace}/{name}` and `…/{file}`: this
   replica's recordings of a machine (`recordinglist` merges them).
+- `DELETE /peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}?user=&group=`:
+  a moderator fronted by the caller ends the moderated session here (`moderate`).
 - `GET /peer/v1/log/{resource}/{namespace}/{name}`: the log of a console this
   replica owns and keeps, whole or followed (`log` streams it through).
 """
@@ -27,7 +29,7 @@ from subres.engine import upgrade
 from subres.kube.status import StatusError
 from subres.protocol import relay
 from subres.server import log as logs
-from subres.server import recordinglist, sessionlist
+from subres.server import moderate, recordinglist, sessionlist
 from subres.server.state import State
 from subres.serving import certs, errors
 from subres.serving.tls import replica_caller
@@ -49,6 +51,8 @@ def build(state: State) -> web.Application:
     app.router.add_get("/peer/v1/sessions", functools.partial(sessionlist.fronted, state))
     app.router.add_get(recordings, functools.partial(recordinglist.local_listing, state))
     app.router.add_get(recordings + "/{file}", functools.partial(recordinglist.local_one, state))
+    moderated = "/peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}"
+    app.router.add_delete(moderated, functools.partial(moderate.end_here, state))
     app.router.add_get(
         "/peer/v1/log/{resource}/{namespace}/{name}", functools.partial(logs.owned, state)
     )
@@ -68,18 +72,16 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     one = {name: request.headers.get(name, "") for name in _HEADERS if name in request.headers}
     ask = peer.parse(one, request.headers.getall("Subres-Group", []))
     prepared = await peer.prepare(state, ask)
-    recorded = state.recordings.wanted(prepared.target.spec, prepared.target.obj)
     headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
     beat = relay.heartbeat_interval(request.headers.get(relay.HEARTBEAT_HEADER))
     if beat is not None:
         headers.append((relay.HEARTBEAT_HEADER, f"{beat:g}"))
     if prepared.target.spec.name == "usbredir":
         headers.append(("Subres-Unit", prepared.target.spec.unit))  # the slot it chose
-    if prepared.target.spec.name == "console":
-        if recorded:
-            headers.append(("Subres-Recorded", "true"))
-        if sharing.keeps_scrollback(state, prepared.target):
-            headers.append(("Subres-Scrollback", "true"))
+    if prepared.held.seat is not None:
+        headers.append(("Subres-Recorded", "true"))
+    if prepared.target.spec.name == "console" and sharing.keeps_scrollback(state, prepared.target):
+        headers.append(("Subres-Scrollback", "true"))
     try:
         response, carrier = await upgrade.upgrade(request, headers)
     except BaseException:

@@ -25,10 +25,11 @@ from subres.engine.spdy import Carrier, SpdySession, SpdyStream
 from subres.engine.tunnel import WebSocketCarrier
 from subres.engine.websocket import ServerMessages
 from subres.kube.status import StatusError
+from subres.policies import Limits
 from subres.protocol import httpstream
 from subres.protocol import portforward_spdy as pairs
 from subres.protocol.spdy import Role
-from subres.server import handshake, subresource
+from subres.server import handshake, limited, subresource
 from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import session
@@ -51,8 +52,9 @@ async def handle_spdy(state: State, request: web.Request) -> web.StreamResponse:
         )
     except httpstream.HandshakeRefused as exc:
         raise refusal(exc) from None
+    granted = await limited.admit(state, who(request), target=target)
     response, socket = await upgrade.upgrade(request, httpstream.switching_headers(protocol))
-    await _serve(state, request, target, socket, dialect=f"spdy/{protocol}")
+    await _serve(state, request, target, socket, dialect=f"spdy/{protocol}", limits=granted)
     return response
 
 
@@ -62,6 +64,7 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
     ws = handshake.websocket_response(
         state, request, what="portforward", subprotocol=pairs.TUNNEL_PROTOCOL
     )
+    granted = await limited.admit(state, who(request), target=target)
     await ws.prepare(request)
     await _serve(
         state,
@@ -69,6 +72,7 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
         target,
         WebSocketCarrier(ServerMessages(ws), linger=True),
         dialect=pairs.TUNNEL_PROTOCOL,
+        limits=granted,
     )
     return ws
 
@@ -80,12 +84,20 @@ def refusal(exc: httpstream.HandshakeRefused) -> StatusError:
 
 
 async def _serve(
-    state: State, request: web.Request, target: Target, carrier: Carrier, *, dialect: str
+    state: State,
+    request: web.Request,
+    target: Target,
+    carrier: Carrier,
+    *,
+    dialect: str,
+    limits: Limits,
 ) -> None:
     spdy = SpdySession(carrier, role=Role.SERVER, ping_interval=state.config.session.ping_interval)
     async with (
         spdy,
-        session.live(state, who(request), target=target, dialect=dialect, client=spdy) as live,
+        session.live(
+            state, who(request), target=target, dialect=dialect, client=spdy, limits=limits
+        ) as live,
     ):
         await live.run(_Forwarder(state, target, spdy, live.record.traffic).run())
 

@@ -22,12 +22,12 @@ from aiohttp import web
 from subres.engine.portforward_ws import ChannelMux, PortChannel, RawWebSocket
 from subres.engine.pump import Ending, Outcome, Traffic, pump
 from subres.kube.status import StatusError
-from subres.protocol import channels
+from subres.protocol import channels, digits
 from subres.protocol import portforward_ws as wire
-from subres.server import handshake, subresource
+from subres.server import handshake, limited, subresource
 from subres.server.middleware import who
 from subres.server.state import State
-from subres.sessions import session
+from subres.sessions import limits, session
 from subres.sessions.target import Target
 
 __all__ = ["PROTOCOLS", "RAW_SUBPROTOCOLS", "handle_channels", "handle_port"]
@@ -57,6 +57,8 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
         supported = ", ".join(name for name in wire.DIALECTS if name)
         raise StatusError(400, f"unsupported subprotocols for portforward; supported: {supported}")
     ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect.name)
+    granted = await limited.admit(state, who(request), target=target)
+    ws.headers.update(limits.headers(granted))
     vetted = {
         port: await subresource.vet(state, target, subresource.forward_url(target, port))
         for port in set(ports)
@@ -64,7 +66,7 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
     await ws.prepare(request)
     mux = ChannelMux(ws, dialect, ports)
     async with session.live(
-        state, who(request), target=target, dialect=dialect.name, client=mux
+        state, who(request), target=target, dialect=dialect.name, client=mux, limits=granted
     ) as live:
         await live.run(_forward_ports(state, target, mux, vetted, live.record.traffic))
     return ws
@@ -129,12 +131,19 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
     ws = handshake.websocket_response(
         state, request, what=SUBRESOURCE, subprotocol=dialect.name, autoclose=False
     )
+    granted = await limited.admit(state, who(request), target=target)
+    ws.headers.update(limits.headers(granted))
     backend = await subresource.connect(state, target, url, protocol=protocol)
     try:
         await ws.prepare(request)
         client = RawWebSocket(ws, batch=protocol == "tcp")
         async with session.live(
-            state, who(request), target=target, dialect=dialect.name, client=client
+            state,
+            who(request),
+            target=target,
+            dialect=dialect.name,
+            client=client,
+            limits=granted,
         ) as live:
             outcome = await live.run(pump(client, backend, live.record.traffic))
             if outcome.ending is Ending.CLIENT:
@@ -145,6 +154,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
 
 
 def _path_port(text: str) -> int:
-    if text.isascii() and text.isdigit() and 0 < int(text) <= 0xFFFF:
-        return int(text)
+    port = digits.value(text, cap=0xFFFF) if digits.plain(text) else 0
+    if 0 < port <= 0xFFFF:
+        return port
     raise StatusError(400, f"invalid port {text!r}: want a number from 1 to 65535")

@@ -30,10 +30,10 @@ from subres.engine.websocket import CloseCode
 from subres.kube.status import exited, failure
 from subres.protocol import httpstream
 from subres.protocol.spdy import Role
-from subres.server import portforward_spdy
+from subres.server import limited, portforward_spdy
 from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.sessions import session
+from subres.sessions import limits, session
 from subres.sessions.target import Target
 
 __all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "negotiate", "serve"]
@@ -66,15 +66,22 @@ async def serve(
     backend: ByteStream,
     exclusive: bool,
     mode: str,
+    owner: bool = True,
 ) -> web.StreamResponse:
-    """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`."""
+    """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`
+    (`owner` False: it relays to the replica that owns the unit)."""
     try:
+        granted = await limited.admit(state, who(request), target=target, mode=mode)
         async with session.hold(
-            state, request[USER].name, target=target, exclusive=exclusive
-        ) as claim:
-            response, socket = await upgrade.upgrade(
-                request, httpstream.switching_headers(protocol)
-            )
+            state,
+            request[USER].name,
+            target=target,
+            exclusive=exclusive,
+            mode=mode,
+            owner=owner,
+        ) as held:
+            headers = [*httpstream.switching_headers(protocol), *limits.headers(granted).items()]
+            response, socket = await upgrade.upgrade(request, headers)
             spdy = SpdySession(
                 socket, role=Role.SERVER, ping_interval=state.config.session.ping_interval
             )
@@ -87,9 +94,10 @@ async def serve(
                     target=target,
                     dialect=f"spdy/{protocol}",
                     client=client,
-                    claim=claim,
+                    held=held,
                     mode=mode,
                     backend=backend,
+                    limits=granted,
                 ) as live,
             ):
                 await live.run(_serve(client, backend, live.record.traffic))

@@ -24,13 +24,14 @@ from typing import Any
 
 from aiohttp import web
 
+from subres.auth import attributes
 from subres.kube.status import StatusError
 from subres.server import fanout, subresource
 from subres.server.state import State
 from subres.serving.units import human_age, human_bytes, rfc3339
 from subres.sessions.session import Live, Record
 
-__all__ = ["COLUMNS", "for_machine", "for_namespace", "fronted", "item", "unit"]
+__all__ = ["COLUMNS", "elsewhere", "for_machine", "for_namespace", "fronted", "item", "unit"]
 
 TABLE = "as=Table"
 COLUMNS = (
@@ -65,7 +66,11 @@ async def for_machine(state: State, request: web.Request) -> web.Response:
 async def for_namespace(state: State, request: web.Request) -> web.Response:
     """The live sessions in one namespace, or in all of them."""
     namespace = request.match_info.get("namespace")
-    if request.query.get("watch", "false").lower() not in ("false", "0"):
+    watch = attributes.parse_bool(request.query.get("watch", "false"))
+    if watch is None:
+        text = request.query["watch"][:64]
+        raise StatusError(400, f"watch must be true or false, not {text!r}")
+    if watch:
         raise StatusError(405, "sessions cannot be watched; list them again instead")
     items, failed = await _items(state, Selector(namespace or ""))
     return _answer(state, request, items, failed)
@@ -74,11 +79,16 @@ async def for_namespace(state: State, request: web.Request) -> web.Response:
 async def fronted(state: State, request: web.Request) -> web.Response:
     """The sessions this replica fronts (the peer port's `GET /peer/v1/sessions`).
 
-    `?namespace=`, `&kind=` and `&name=` select, so that a narrow list moves
-    only what it shows.
+    `?namespace=`, `&kind=`, `&name=` and `&user=` select, so that a narrow
+    list moves only what it shows.
     """
     query = request.query
-    selector = Selector(query.get("namespace", ""), query.get("kind", ""), query.get("name", ""))
+    selector = Selector(
+        query.get("namespace", ""),
+        query.get("kind", ""),
+        query.get("name", ""),
+        user=query.get("user", ""),
+    )
     body = {"items": _local(state, selector)}
     return web.Response(
         body=json.dumps(body, separators=(",", ":")).encode(), content_type="application/json"
@@ -92,17 +102,25 @@ class Selector:
     namespace: str = ""
     kind: str = ""
     name: str = ""
+    user: str = ""
+    """Whose (all when empty): what `maxSessionsPerUser` counts."""
 
     def __call__(self, record: Record) -> bool:
         return (
             self.namespace in ("", record.namespace)
             and self.kind in ("", record.kind)
             and self.name in ("", record.name)
+            and self.user in ("", record.user)
         )
 
     def query(self) -> str:
         """The peer request's query string."""
-        fields = {"namespace": self.namespace, "kind": self.kind, "name": self.name}
+        fields = {
+            "namespace": self.namespace,
+            "kind": self.kind,
+            "name": self.name,
+            "user": self.user,
+        }
         return urllib.parse.urlencode({k: v for k, v in fields.items() if v})
 
 
@@ -113,6 +131,21 @@ def _local(state: State, selected: Selector) -> list[dict[str, Any]]:
         for session in state.sessions.live
         if isinstance(session, Live) and selected(session.record)
     ]
+
+
+async def elsewhere(state: State, user: str) -> list[tuple[str, str]]:
+    """The subresources and modes of `user`'s sessions that other replicas front (those
+    that answer)."""
+    query = Selector(user=user).query()
+    answers = await fanout.ask_others(state, f"/peer/v1/sessions?{query}", limit=MAX_LISTING)
+    found = []
+    for body in answers.ok.values():
+        try:
+            listed = json.loads(body)["items"]
+            found += [(str(i["subresource"]), str(i["mode"])) for i in listed if i["user"] == user]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
 
 
 async def _items(state: State, selected: Selector) -> tuple[list[dict[str, Any]], list[str]]:

@@ -29,6 +29,7 @@ from subres.serving.reclaim import Reclaimer
 from subres.sessions.audit import SessionAudit
 from subres.sessions.events import Events, NoEvents
 from subres.sessions.members import Owners
+from subres.sessions.observers import Observers
 from subres.sessions.recordings import Recordings
 from subres.sessions.registry import Sessions
 
@@ -105,6 +106,11 @@ class State:
         self.connections.on_level = self.reclaimer.level
         self.screenshot_slots = asyncio.Semaphore(self.config.session.screenshot_concurrency)
         """Captures in progress, each holding a framebuffer: bounded for memory."""
+        self.observers = Observers(
+            per_target=self.config.session.max_observers_per_console,
+            total=self.config.session.max_observers,
+        )
+        """Console and display observers, bounded per target and in all for memory."""
         self.recordings = Recordings(self.config.consoles)
         """Recorded console sessions (`consoles.recordings`)."""
         self.discovery = discovery.build(self.config)

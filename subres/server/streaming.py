@@ -2,7 +2,7 @@
 
 Negotiation happens before the backend is dialed (a bad offer is a 400 that
 costs no connection); the upgrade happens only after the dial succeeded and
-the session holds its slot.
+the session holds its slot (and its place in a recording).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from subres.engine.websocket import WebSocketClient
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol.channels import Dialect
-from subres.server import handshake
+from subres.server import handshake, limited
 from subres.server.middleware import USER, who
 from subres.server.state import State
-from subres.sessions import session
+from subres.sessions import limits, session
 from subres.sessions.target import Target
 
 __all__ = ["negotiate", "serve"]
@@ -53,13 +53,26 @@ async def serve(
     exclusive: bool,
     preserve: bool = False,
     mode: str = "",
+    owner: bool = True,
 ) -> web.WebSocketResponse:
-    """Take the session's slot, upgrade, then pump between the client and `backend`."""
+    """Take the session's slot, upgrade, then pump between the client and `backend`.
+
+    `owner` False: `backend` relays to the replica that owns the unit, which
+    holds the slot and records.
+    """
     client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
+        granted = await limited.admit(state, who(request), target=target, mode=mode)
+        ws.headers.update(limits.headers(granted))
         async with session.hold(
-            state, request[USER].name, target=target, exclusive=exclusive, preserve=preserve
-        ) as claim:
+            state,
+            request[USER].name,
+            target=target,
+            exclusive=exclusive,
+            preserve=preserve,
+            mode=mode,
+            owner=owner,
+        ) as held:
             await ws.prepare(request)
             async with session.live(
                 state,
@@ -67,9 +80,10 @@ async def serve(
                 target=target,
                 dialect=dialect.name,
                 client=client,
-                claim=claim,
+                held=held,
                 mode=mode,
                 backend=backend,
+                limits=granted,
             ) as live:
                 await client.hello()
                 await live.run(pump(client, backend, live.record.traffic))

@@ -91,10 +91,11 @@ def checked(
 ) -> Target:
     """The cached parent `namespace/name`, checked for `spec` (a Status error otherwise)."""
     obj = _cached(state, parent, namespace, name)
+    uid = str((obj.get("metadata") or {}).get("uid") or "")
     if parent.instance is not None:
         _check(parent.instance.requires, obj, f"{parent.kind} {namespace}/{name}")
         obj = _instance(state, parent, obj)
-    target = Target(parent, spec, namespace, name, obj)
+    target = Target(parent, spec, namespace, name, obj, uid)
     _check(spec.requires, obj, target.describe())
     return target
 

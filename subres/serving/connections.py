@@ -25,6 +25,7 @@ milliseconds). A reaped connection is aborted: it owes us nothing.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import enum
 import logging
@@ -37,7 +38,9 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-__all__ = ["Guard", "GuardedSite", "Limits", "raise_open_files_limit"]
+from subres.serving.flags import duration
+
+__all__ = ["Guard", "GuardedSite", "Limits", "add_arguments", "raise_open_files_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass(frozen=True)
 class Limits:
-    """The timeouts and the cap (flags of `subres serve`)."""
+    """The timeouts and the cap (flags of `subres serve` and `subres agent`: `add_arguments`)."""
 
     tls_handshake_timeout: float = 10.0
     """Seconds a client has to finish the TLS handshake (`--tls-handshake-timeout`)."""
@@ -56,6 +59,63 @@ class Limits:
     """Seconds a keep-alive connection may wait for its next request (`--idle-timeout`)."""
     max_unauthenticated: int = 1000
     """Connections kept before one authenticates (`--max-unauthenticated-connections`)."""
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Limits:
+        """The limits the flags of `add_arguments` gave."""
+        return cls(
+            tls_handshake_timeout=ns.tls_handshake_timeout,
+            request_header_timeout=ns.request_header_timeout,
+            idle_timeout=ns.idle_timeout,
+            max_unauthenticated=ns.max_unauthenticated_connections,
+        )
+
+    def problems(self) -> list[str]:
+        """What is wrong with these limits, by flag."""
+        problems = [
+            f"{flag} must be positive"
+            for flag, seconds in (
+                ("--tls-handshake-timeout", self.tls_handshake_timeout),
+                ("--request-header-timeout", self.request_header_timeout),
+                ("--idle-timeout", self.idle_timeout),
+            )
+            if seconds <= 0
+        ]
+        if self.max_unauthenticated < 1:
+            problems.append("--max-unauthenticated-connections must be at least 1")
+        return problems
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Timeouts and the cap of every connection, as Go's http.Server has them."""
+    add = parser.add_argument
+    default = Limits()
+    add(
+        "--tls-handshake-timeout",
+        type=duration,
+        default=default.tls_handshake_timeout,
+        help="time a client has to finish the TLS handshake (default 10s)",
+    )
+    add(
+        "--request-header-timeout",
+        type=duration,
+        default=default.request_header_timeout,
+        help="time a client has to send a whole request head, from the handshake or the "
+        "first byte of a keep-alive request; slowloris protection (default 32s)",
+    )
+    add(
+        "--idle-timeout",
+        type=duration,
+        default=default.idle_timeout,
+        help="time a keep-alive connection may wait for its next request (default 90s)",
+    )
+    add(
+        "--max-unauthenticated-connections",
+        type=int,
+        default=default.max_unauthenticated,
+        help="connections kept before a request on them authenticates; beyond it the "
+        "oldest is closed (default 1000)",
+    )
 
 
 class Phase(enum.Enum):

@@ -7,7 +7,9 @@ JSON format): `ts` (milliseconds since the epoch, a float), `caller`
 debug) or, for errors, `err`; then the record's key/value pairs. Code logs
 key/values with `extra={"fields": {...}}` (the session-end line does); they
 are merged into the object, without replacing the keys above. The text format
-shows the message as it is.
+shows the message with its control characters escaped (`\n` as `\x0a`):
+messages carry what users chose (a user name from a certificate or a token
+review, a machine's name), and a newline there must not forge a line.
 
 Libraries log at INFO what only their authors need (asyncssh writes some
 twenty lines per console session), so below WARNING only subres's own
@@ -23,13 +25,32 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["OWN", "JsonFormatter", "configure"]
+__all__ = ["OWN", "JsonFormatter", "TextFormatter", "configure"]
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEBUG_VERBOSITY = 4
 _RESERVED = frozenset({"ts", "caller", "msg", "v", "err"})
 OWN = ("subres", "aiohttp.access")
 """Loggers whose INFO records are always written: ours, and the opt-in access log."""
+_CONTROLS = {
+    c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    for c in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+}
+"""C0 and C1 controls, DEL and Unicode's line and paragraph separators, as escapes."""
+
+
+class TextFormatter(logging.Formatter):
+    """Lines for people (`TEXT`), one per record whatever its message holds.
+
+    A traceback, which the formatter adds itself, keeps its lines.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(TEXT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging names it)
+        """The line, control characters escaped."""
+        return super().formatMessage(record).translate(_CONTROLS)
 
 
 class JsonFormatter(logging.Formatter):
@@ -73,7 +94,7 @@ def configure(*, level: int, logging_format: str, third_party: bool = False) -> 
     Other libraries' records below WARNING are dropped unless `third_party`.
     """
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if logging_format == "json" else logging.Formatter(TEXT))
+    handler.setFormatter(JsonFormatter() if logging_format == "json" else TextFormatter())
     if not third_party:
         handler.addFilter(_own_or_warning)
     logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -189,8 +189,9 @@ def replica_caller(transport: asyncio.BaseTransport | None, allowed: frozenset[s
     cert = peer_certificate(transport)
     if cert is None:
         raise StatusError(401, "a replica's request needs a client certificate")
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    name = str(names[0].value) if names else ""
+    names = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    # One name or none: with several, which one a check reads would decide who gets in.
+    name = names[0] if len(names) == 1 else ",".join(names)
     try:
         usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:

@@ -35,6 +35,8 @@ WHAT = {
     ("console", "observer"): "Console (read-only)",
     ("vnc", "viewer"): "VNC",
     ("vnc", "observer"): "VNC (view-only)",
+    ("console", "moderator"): "Console moderation",
+    ("vnc", "moderator"): "VNC moderation",
     ("usbredir", "redirector"): "USB redirection",
 }
 REASONS = {"console": "Console", "vnc": "VNC", "usbredir": "USBRedir"}
@@ -96,6 +98,8 @@ def closed(fields: Mapping[str, Any]) -> tuple[str, str] | None:
     seconds = (fields["end"] or fields["start"]) - fields["start"]
     size = human_bytes(fields["bytesUp"] + fields["bytesDown"])
     message = f"{what} of {fields['user']} closed after {human_age(seconds)} ({size})"
+    if fields.get("moderatedBy"):
+        message += f", moderated by {', '.join(fields['moderatedBy'])}"
     if fields["reason"]:
         message += f": {fields['reason']}"
     return f"{REASONS[fields['subresource']]}Closed", message

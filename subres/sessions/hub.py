@@ -93,6 +93,7 @@ class Feed:
 
     __slots__ = (
         "_chunks",
+        "_closed",
         "_closer",
         "_code",
         "_cut",
@@ -107,6 +108,7 @@ class Feed:
     def __init__(self, hub: Hub, *, limit: int) -> None:
         self._hub = hub
         self._limit = limit
+        self._closed: Callable[[], None] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._ended = False
@@ -209,10 +211,17 @@ class Feed:
     async def write_eof(self) -> None:
         """The client's input ended: nothing to tell anyone."""
 
+    def closed_by(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once this feed is closed (an observer's place goes back)."""
+        self._closed = callback
+
     async def close(self) -> None:
         """Detach from the console."""
         self.end()
         self._hub.detach(self)
+        if self._closed is not None:
+            callback, self._closed = self._closed, None
+            callback()
 
 
 class Tee:

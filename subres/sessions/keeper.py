@@ -18,7 +18,9 @@ is let go: its connection is closed.
 
 Memory per kept console: its scrollback (at most `consoles.scrollback`), one
 backend connection and one task; `tests/bench/bench_console.py` measures it.
-At most `consoles.maxKept` consoles are kept (by namespace and name order).
+At most `consoles.maxKept` consoles are kept, shared fairly between
+namespaces, and at most `consoles.maxKeptPerNamespace` of one namespace
+(`sessions.fairness`): one namespace annotating many cannot take every place.
 
 The replica that owns a console (`sessions.members`) keeps it; the others
 relay its writers and observers there. When the members change, each replica
@@ -30,6 +32,7 @@ recording.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -39,7 +42,7 @@ from subres.config import ParentSpec
 from subres.engine.stream import ByteStream
 from subres.engine.websocket import CloseCode
 from subres.kube.status import StatusError
-from subres.sessions import sharing
+from subres.sessions import fairness, sharing
 from subres.sessions import target as targets
 from subres.sessions.members import rendezvous
 from subres.sessions.registry import SessionKey
@@ -223,19 +226,26 @@ class Keeper:
     def _wanted(self) -> dict[SessionKey, Target]:
         """The consoles this replica keeps: those that opt in, pass their checks, are its own."""
         limits = self._state.config.consoles
+        if not self._state.owners.settled:
+            return {}
+        candidates = self._candidates()
+        chosen = fairness.share(
+            candidates, total=limits.max_kept, per_namespace=limits.max_kept_per_namespace
+        )
+        if sum(map(len, chosen.values())) < sum(map(len, candidates.values())):
+            self._warn(limits.max_kept, limits.max_kept_per_namespace)
+        return {targets.key(t): t for chosen_ in chosen.values() for t in chosen_}
+
+    def _candidates(self) -> dict[str, list[Target]]:
+        """The consoles this replica owns that opt in and pass their checks, by namespace,
+        in name order."""
         owners = self._state.owners
-        wanted: dict[SessionKey, Target] = {}
-        if not owners.settled:
-            return wanted
+        found: dict[str, list[Target]] = collections.defaultdict(list)
         for parent in self._state.config.parents:
             for target in self._opted_in(parent):
-                if not owners.mine(targets.key(target)):
-                    continue
-                if len(wanted) >= limits.max_kept:
-                    self._warn(limits.max_kept)
-                    return wanted
-                wanted[targets.key(target)] = target
-        return wanted
+                if owners.mine(targets.key(target)):
+                    found[target.namespace].append(target)
+        return found
 
     def _opted_in(self, parent: ParentSpec) -> Iterator[Target]:
         """Each console of `parent`'s objects that opts in and passes its checks, in order."""
@@ -253,9 +263,14 @@ class Keeper:
                 except StatusError:
                     continue
 
-    def _warn(self, limit: int) -> None:
+    def _warn(self, limit: int, per_namespace: int) -> None:
         if not self._warned:
-            log.warning("more consoles opt in to be kept than consoles.maxKept (%d)", limit)
+            log.warning(
+                "more consoles opt in to be kept than consoles.maxKept (%d) or "
+                "consoles.maxKeptPerNamespace (%d) allow; each namespace keeps its share",
+                limit,
+                per_namespace,
+            )
             self._warned = True
 
 

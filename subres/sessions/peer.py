@@ -38,14 +38,22 @@ from subres.backends.peer import PeerRefused, PeerStream
 from subres.engine.pump import Traffic, pump
 from subres.engine.stream import ByteStream
 from subres.kube.status import StatusError
-from subres.protocol import relay
+from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
 from subres.sessions import recordings, sharing, usbslots
-from subres.sessions.registry import Busy, Claim, SessionKey
+from subres.sessions.registry import SessionKey
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import OBSERVER, REDIRECTOR, VIEWER, WRITER, busy
-from subres.sessions.target import Target, endpoint_url, key
-from subres.sessions.viewer import GuardedDisplay
+from subres.sessions.session import (
+    MODERATOR,
+    OBSERVER,
+    REDIRECTOR,
+    VIEWER,
+    WRITER,
+    Hold,
+    busy,
+    hold,
+)
+from subres.sessions.target import Target, key
 
 __all__ = [
     "NOT_OWNER",
@@ -65,7 +73,13 @@ log = logging.getLogger(__name__)
 
 NOT_OWNER = 421
 """The owner's answer when it does not think it owns the unit."""
-MODES = {"console": (WRITER, OBSERVER), "vnc": (VIEWER, OBSERVER), "usbredir": (REDIRECTOR,)}
+MAX_TAIL = (1 << 31) - 1
+"""The most lines a peer session may replay (what a front lets a client ask)."""
+MODES = {
+    "console": (WRITER, OBSERVER, MODERATOR),
+    "vnc": (VIEWER, OBSERVER, MODERATOR),
+    "usbredir": (REDIRECTOR,),
+}
 """The subresources served by their unit's owner, and their modes."""
 
 
@@ -129,8 +143,9 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
     if mode not in MODES.get(unit.subresource, ()):
         raise StatusError(400, f"no {unit.subresource} session has the mode {mode!r}")
     tail = one.get("Subres-Tail")
-    if tail is not None and not (tail.isascii() and tail.isdigit()):
-        raise StatusError(400, f"Subres-Tail must be a number, not {tail!r}")
+    lines = digits.value(tail, cap=MAX_TAIL) if tail is not None and digits.plain(tail) else -1
+    if tail is not None and not 0 <= lines <= MAX_TAIL:
+        raise StatusError(400, f"Subres-Tail must be a number of lines, not {tail[:64]!r}")
     who = Who(
         user=one.get("Subres-User", ""),
         groups=tuple(groups),
@@ -143,7 +158,7 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
         who,
         front=one.get("Subres-Front", ""),
         preserve=one.get("Subres-Preserve") == "true",
-        tail=int(tail) if tail is not None else None,
+        tail=lines if tail is not None else None,
     )
 
 
@@ -183,16 +198,17 @@ async def front(
 
 @dataclass
 class Prepared:
-    """An owner's side of a peer session before its upgrade: its backend and slot."""
+    """An owner's side of a peer session before its upgrade: its backend, slot and recording."""
 
     ask: Ask
     target: Target
     backend: ByteStream
-    claim: Claim | None
+    held: Hold
 
 
 async def prepare(state: Runtime, ask: Ask) -> Prepared:
-    """Check ownership and the parent, dial or attach: everything that can still be a Status."""
+    """Check ownership and the parent, dial or attach, claim the slot and join the recording:
+    everything that can still be a Status."""
     if not state.owners.mine(ask.unit):
         raise StatusError(NOT_OWNER, f"the replica {state.replica} does not own the {ask.unit}")
     parent = state.config.parent(ask.unit.resource)
@@ -213,69 +229,57 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
         backend: ByteStream = await state.backends.connect(target, url)
     else:
         backend = await _backend(state, target, ask)
-    if ask.mode not in (WRITER, VIEWER, REDIRECTOR):
-        return Prepared(ask, target, backend, None)
+    held = hold(
+        state,
+        ask.who.user,
+        target=target,
+        exclusive=ask.mode in (WRITER, VIEWER, REDIRECTOR),
+        preserve=ask.preserve,
+        mode=ask.mode,
+        via=ask.front,
+    )
     try:
-        claim = await state.sessions.claim(key(target), user=ask.who.user, preserve=ask.preserve)
-    except Busy:
-        await backend.close()
-        raise busy(target) from None
+        await held.__aenter__()
     except BaseException:
         await backend.close()
         raise
-    return Prepared(ask, target, backend, claim)
+    return Prepared(ask, target, backend, held)
 
 
 async def _backend(state: Runtime, target: Target, ask: Ask) -> ByteStream:
     if target.spec.name == "console":
-        if ask.mode == OBSERVER:
-            return sharing.observe(state, target, tail=ask.tail)
-        return await sharing.write(state, target, endpoint_url(target), tail=ask.tail)
-    backend = await state.backends.connect(target, endpoint_url(target))
-    return GuardedDisplay(backend, view_only=ask.mode == OBSERVER)
+        return await sharing.console(state, target, ask.who, mode=ask.mode, tail=ask.tail)
+    return await sharing.display(state, target, ask.who, mode=ask.mode)
 
 
 def release(state: Runtime, prepared: Prepared) -> None:
     """Give up what `prepare` took, when the upgrade failed."""
-    if prepared.claim is not None:
-        state.sessions.release(prepared.claim)
+    prepared.held.leave()
 
 
 async def serve(state: Runtime, prepared: Prepared, carrier: Carrier) -> None:
     """Relay between the front (frames over `carrier`, upgraded) and the backend, to the end."""
-    claim = prepared.claim
+    claim = prepared.held.claim
     client = FrameClient(carrier, prepared.backend)
     session = _PeerSession(client)
-    who = f"{prepared.ask.who.user} ({prepared.ask.mode}, via {prepared.ask.front})"
-    hub = state.sessions.hubs.get(prepared.ask.unit)
-    recorded = hub is not None and state.recordings.wanted(
-        prepared.target.spec, prepared.target.obj
-    )
     state.sessions.start(claim, session)
+
+    def close(code: int, reason: str) -> None:
+        state.sessions.close_later(session, code, reason)
+
     attached = getattr(prepared.backend, "attached", None)
     if callable(attached):
-        attached(lambda code, reason: state.sessions.close_later(session, code, reason))
+        attached(close)
     try:
-        if recorded and hub is not None:
-            target = prepared.target
-            state.recordings.joined(
-                hub,
-                namespace=target.namespace,
-                name=target.name,
-                title=recordings.title(target),
-                who=who,
-                unit=target.spec.unit,
-            )
+        if prepared.held.seat is not None:
+            prepared.held.seat.bind(close)
             announce = getattr(prepared.backend, "announce", None)
             if callable(announce):
                 announce(recordings.BANNER)
         await pump(client, prepared.backend, client.traffic)
     finally:
         state.sessions.end(claim, session)
-        if claim is not None:
-            state.sessions.release(claim)
-        if recorded and hub is not None:
-            state.recordings.left(hub, who=who)
+        prepared.held.leave()
         await prepared.backend.close()
         await client.close()
 

@@ -4,6 +4,8 @@ The hub calls it synchronously for every chunk, resize and marker; the lines
 wait in memory until `drain` hands them to whoever writes files, so a slow
 disk never holds a session back. What waits is bounded (`max_pending`): past
 it output is dropped, and a marker says how much once writing catches up.
+Output the recording's `quota` refuses (its namespace's space is full) is
+dropped the same way, the marker saying why.
 A recording longer than `max_file` goes on in a new file (part 2, 3, …),
 each with its own header, so every file plays on its own.
 """
@@ -25,7 +27,10 @@ MAX_PENDING = 4 << 20
 
 
 class Recorder:
-    """Asciicast lines of one console, waiting to be written to `path` (then its parts)."""
+    """Asciicast lines of one console, waiting to be written to `path` (then its parts).
+
+    `on_close` is told when the recording ends (its hub lets it go).
+    """
 
     def __init__(
         self,
@@ -37,13 +42,16 @@ class Recorder:
         size: TerminalSize | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        on_close: Callable[[Recorder], None] = lambda _: None,
+        quota: Callable[[int], str] | None = None,
     ) -> None:
         self.first = path
         self.path = path
         self.title = title
-        self.attached = 0
-        """Sessions recorded into this recording now."""
         self.closed = False
+        self.failure = ""
+        """Always empty: a console's recording fails only in its file."""
+        self._on_close = on_close
         self._max_file = max_file
         self._max_pending = max_pending
         self._size = size or DEFAULT_SIZE
@@ -52,6 +60,9 @@ class Recorder:
         self._in_part = 0
         self._waiting = 0
         self._lost = 0
+        self._lost_why = ""
+        self._quota = quota
+        """Asked before each output line is kept: "" yes, or why not."""
         self._pending: list[tuple[Path, bytearray]] = [(path, bytearray())]
         self._encoder = self._start()
 
@@ -85,8 +96,12 @@ class Recorder:
     def output(self, data: bytes) -> None:
         """Console output."""
         line = self._roll().output(self._clock(), data)
-        if self._waiting + len(line) > self._max_pending:
+        why = "the disk was too slow" if self._waiting + len(line) > self._max_pending else ""
+        if not why and self._quota is not None:
+            why = self._quota(len(line))
+        if why:
             self._lost += len(data)
+            self._lost_why = why
             return
         self._add(line)
 
@@ -106,12 +121,13 @@ class Recorder:
         """The recording ends: what is left of an unfinished character is written."""
         self._add(self._encoder.finish(self._clock()))
         self.closed = True
+        self._on_close(self)
 
     def drain(self) -> list[tuple[Path, bytes]]:
         """What to append to which file now, in order."""
         if self._lost:
             lost, self._lost = self._lost, 0
-            self.marker(f"{lost} bytes of output lost: the disk was too slow")
+            self.marker(f"{lost} bytes of output lost: {self._lost_why}")
         writes = [(path, bytes(data)) for path, data in self._pending if data]
         self._pending = [(self.path, bytearray())]
         self._waiting = 0

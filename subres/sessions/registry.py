@@ -31,6 +31,7 @@ from typing import Protocol
 
 from subres.engine.websocket import CloseCode
 from subres.sessions.hub import Hub
+from subres.sessions.moderation import Gate
 
 __all__ = [
     "OWNED_TOGETHER",
@@ -123,6 +124,8 @@ class Claim:
     """The upgraded session, once `start` bound it."""
     lost: str | None = None
     """Why the slot was taken from this claim, once it was."""
+    took_over: str = ""
+    """Whose session this claim took the slot from, when it took one here."""
     since: float = field(default_factory=time.monotonic)
     """When the claim was made (the local clock): the oldest is taken over first."""
 
@@ -135,6 +138,8 @@ class Sessions:
     live: set[LiveSession] = field(default_factory=set)
     hubs: dict[SessionKey, Hub] = field(default_factory=dict)
     """Consoles with observers, a writer that observers may join, or a keeper."""
+    gates: dict[SessionKey, Gate] = field(default_factory=dict)
+    """Consoles and displays with moderators or moderated sessions."""
     on_ended: Callable[[int], None] | None = None
     """Told how many sessions are still live after one ends (memory reclaim hooks here)."""
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
@@ -166,6 +171,7 @@ class Sessions:
         previous = self.exclusive.get(key)
         self.exclusive[key] = claim
         if previous is not None:
+            claim.took_over = previous.user
             self.taken_over(previous, user)
         return claim
 
@@ -234,6 +240,21 @@ class Sessions:
             hub = Hub(on_idle=lambda idle: self._forget(key, idle), feed_limit=feed_limit)
             self.hubs[key] = hub
         return hub
+
+    def gate(self, key: SessionKey, *, note: Callable[[str], None]) -> Gate:
+        """The unit `key`'s moderation gate, made when first asked for and forgotten when idle.
+
+        `note` writes a line into the unit's recording.
+        """
+        gate = self.gates.get(key)
+        if gate is None:
+            gate = Gate(on_idle=lambda idle: self._forget_gate(key, idle), note=note)
+            self.gates[key] = gate
+        return gate
+
+    def _forget_gate(self, key: SessionKey, gate: Gate) -> None:
+        if self.gates.get(key) is gate:
+            del self.gates[key]
 
     def _forget(self, key: SessionKey, hub: Hub) -> None:
         if self.hubs.get(key) is hub:

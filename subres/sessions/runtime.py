@@ -18,6 +18,7 @@ from subres.engine.stream import ByteStream
 from subres.serving.metrics import Metrics
 from subres.sessions.audit import SessionAudit
 from subres.sessions.events import Events
+from subres.sessions.observers import Observers
 from subres.sessions.recordings import Recordings
 from subres.sessions.registry import Sessions
 from subres.sessions.target import Target
@@ -69,6 +70,8 @@ class Runtime(Protocol):
     def events(self) -> Events: ...
     @property
     def recordings(self) -> Recordings: ...
+    @property
+    def observers(self) -> Observers: ...
     @property
     def replica(self) -> str: ...
     @property

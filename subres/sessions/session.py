@@ -1,21 +1,23 @@
 """The one lifecycle of every streaming session, whatever its subresource and dialect.
 
 Every handler runs its live part inside `live(...)`, after the upgrade; a
-session with an exclusive slot (console, vnc) takes it with `hold(...)`
-first, before the upgrade:
+console or vnc session first enters `hold(...)`, before the upgrade:
 
-    async with session.hold(runtime, user, target=..., exclusive=True) as claim:
+    async with session.hold(runtime, user, target=..., exclusive=True, mode=...) as held:
         ...upgrade...
         async with session.live(runtime, who, target=..., dialect=..., client=...,
-                                claim=claim) as s:
+                                held=held) as s:
             await s.run(pump(client, backend, s.record.traffic))
 
-Holding takes the slot over from its predecessor, which is closed with 4001
-naming the new user. Slots are held by the replica that owns the unit
-(`sessions.members`); a session fronted by another replica holds it there,
-through a peer session (`sessions.peer`). It comes before the upgrade because
-it can fail (409 for `preserveSession`), and the client must get that as a
-`Status`; leaving it gives the slot up. Entering
+Holding takes an exclusive slot over from its predecessor, which is closed
+with 4001 naming the new user, and joins the console's or display's
+recording when it is recorded (starting it for the first session). Slots and
+recordings are held by the replica that owns the unit (`sessions.members`);
+a session fronted by another replica holds them there, through a peer
+session (`sessions.peer`, which holds with `owner=False` here). It comes
+before the upgrade because both can fail (409 for `preserveSession`, 503
+when a required recording cannot start), and the client must get that as a
+`Status`; leaving it gives both up. Entering
 `live` registers the session and counts it; `run` awaits the work and keeps
 its outcome, or that the client's connection was lost (aiohttp then cancels
 the handler, and the work stops both directions as it unwinds); leaving
@@ -38,19 +40,26 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 from subres.engine.pump import Ending, Outcome, Traffic
 from subres.kube.status import StatusError
-from subres.sessions import events, recordings
+from subres.policies import Limits
+from subres.sessions import events, limits, recorded, recordings
+from subres.sessions.display import DisplayRecorder, DisplayUnavailable
+from subres.sessions.limits import Watch, rbac_name
+from subres.sessions.recorder import Recorder
+from subres.sessions.recordings import Quota, Recording, RecordingUnavailable, Seat
 from subres.sessions.registry import Busy, Claim, Closable
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.target import Target, key
+from subres.sessions.target import Target, endpoint_url, key
 
 __all__ = [
     "FORWARDER",
+    "MODERATOR",
     "OBSERVER",
     "REDIRECTOR",
     "VIEWER",
@@ -58,6 +67,7 @@ __all__ = [
     "Hold",
     "Live",
     "Record",
+    "admit",
     "busy",
     "hold",
     "live",
@@ -72,6 +82,7 @@ WRITER = "writer"
 OBSERVER = "observer"
 VIEWER = "viewer"
 FORWARDER = "forwarder"
+MODERATOR = "moderator"
 REDIRECTOR = "redirector"
 DEFAULT_MODES = {
     "console": WRITER,
@@ -104,6 +115,8 @@ class Record:
     """This session's own name, unique and safe to show (request ids come from clients)."""
     recorded: bool = False
     """The console session is being recorded."""
+    moderators: list[str] = field(default_factory=list)
+    """Who moderated the session (a moderation policy selected it), in the order they came."""
     started: float = field(default_factory=time.time)
     traffic: Traffic = field(default_factory=Traffic)
     outcome: Outcome | None = None
@@ -141,6 +154,7 @@ class Record:
             "endedBy": outcome.ending.value if outcome else None,
             "code": self.code,
             "reason": self.reason,
+            **({"moderatedBy": list(self.moderators)} if self.moderators else {}),
         }
 
 
@@ -156,19 +170,33 @@ class Live:
         record: Record,
         client: Closable,
         *,
-        claim: Claim | None,
+        held: Hold | None,
         transport: asyncio.Transport | None,
         target: Target,
         backend: object = None,
+        limits: Limits | None = None,
     ) -> None:
         self.state = state
         self.record = record
         self.client = client
-        self.claim = claim
+        self.claim = held.claim if held is not None else None
+        self.seat = held.seat if held is not None else None
         self.transport = transport
         self.target = target
         """The parent as it was when the session started (Events name it)."""
         self.backend = backend
+        self.limits = limits
+        self._watch: Watch | None = None
+
+    @property
+    def user(self) -> str:
+        """Whose session (what `maxSessionsPerUser` counts)."""
+        return self.record.user
+
+    @property
+    def rbac(self) -> str:
+        """Its subresource as RBAC names it (`console-observe`)."""
+        return rbac_name(self.record.subresource, self.record.mode)
 
     @property
     def parent(self) -> Mapping[str, Any]:
@@ -181,7 +209,10 @@ class Live:
         attached = getattr(self.backend, "attached", None)
         if callable(attached):
             attached(self._close_later)
-        self._record_console()
+        if self.seat is not None:
+            self._recorded(self.seat)
+        if self.limits is not None:
+            self._watch = Watch(self.limits, close=self._close_later, last_input=self._input())
         if getattr(self.backend, "recorded", False) is True:
             self.record.recorded = True  # by the replica that owns the console
         fields = self.record.fields()
@@ -189,21 +220,22 @@ class Live:
         self._event(events.opened(fields))
         return self
 
-    def _record_console(self) -> None:
-        """Join the console's recording when it is recorded, and tell the client so."""
-        target = self.target
-        hub = self.state.sessions.hubs.get(key(target))
-        if hub is None or not self.state.recordings.wanted(target.spec, target.obj):
-            return
-        self.state.recordings.joined(
-            hub,
-            namespace=target.namespace,
-            name=target.name,
-            title=recordings.title(target),
-            who=f"{self.record.user} ({self.record.mode})",
-            unit=target.spec.unit,
-        )
+    def _input(self) -> Callable[[], float] | None:
+        """When the client last gave input, for its idle timeout; None for a session that
+        takes none. A backend that tells input from other bytes (a display's viewer, whose
+        update requests are not input) says when itself."""
+        if self.record.mode not in (WRITER, VIEWER, FORWARDER):
+            return None
+        last_input = getattr(self.backend, "last_input", None)
+        if callable(last_input):
+            return cast("Callable[[], float]", last_input)
+        traffic = self.record.traffic
+        return lambda: traffic.last_up
+
+    def _recorded(self, seat: Seat) -> None:
+        """Tell the client it is recorded; a required recording that fails closes it."""
         self.record.recorded = True
+        seat.bind(self._close_later)
         announce = getattr(self.backend, "announce", None)
         if callable(announce):
             announce(recordings.BANNER)
@@ -217,13 +249,14 @@ class Live:
         self.state.sessions.close_later(self, code, reason)
 
     async def __aexit__(self, *_: object) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         self.state.sessions.end(self.claim, self)
+        moderators = getattr(self.backend, "moderators", None)
+        if isinstance(moderators, list):
+            self.record.moderators = [str(m) for m in moderators]
         _finish(self.record, self.client)
         _report(self.state, self.record)
-        if self.record.recorded:
-            hub = self.state.sessions.hubs.get(key(self.target))
-            if hub is not None:
-                self.state.recordings.left(hub, who=f"{self.record.user} ({self.record.mode})")
         fields = self.record.fields()
         self.state.audit.ended(fields)
         self._event(events.closed(fields))
@@ -258,41 +291,138 @@ class Live:
 
 
 class Hold:
-    """A session's exclusive slot, from before its upgrade to its end; `hold()` builds it.
+    """A session's exclusive slot and its place in the recording, from before its
+    upgrade to its end; `hold()` builds it.
 
-    Entering claims the slot (a `Claim`; None for a session without one),
-    leaving releases it.
+    Entering claims the slot (`claim`; None for a session without one) and
+    joins the recording (`seat`; None when not recorded); leaving gives both up.
     """
 
-    def __init__(self, state: Runtime, user: str, target: Target, *, preserve: bool):
+    def __init__(
+        self,
+        state: Runtime,
+        user: str,
+        target: Target,
+        *,
+        exclusive: bool,
+        preserve: bool,
+        mode: str,
+        owner: bool,
+        via: str = "",
+    ) -> None:
         self.state = state
+        self.via = via
+        """The front replica a peer session came through (said in the recording)."""
         self.user = user
         self.target = target
+        self.exclusive = exclusive
         self.preserve = preserve
+        self.mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
+        self.owner = owner
         self.claim: Claim | None = None
+        self.seat: Seat | None = None
 
-    async def __aenter__(self) -> Claim:
+    async def __aenter__(self) -> Hold:
+        if self.exclusive:
+            try:
+                self.claim = await self.state.sessions.claim(
+                    key(self.target), user=self.user, preserve=self.preserve
+                )
+            except Busy:
+                raise busy(self.target) from None
         try:
-            self.claim = await self.state.sessions.claim(
-                key(self.target), user=self.user, preserve=self.preserve
+            self.seat = await self._join() if self.owner else None
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    async def _join(self) -> Seat | None:
+        """Join the recording when the console or display is recorded (503 if required and
+        it cannot start)."""
+        target, kept = self.target, self.state.recordings
+        if not kept.wanted(target.spec, target.obj):
+            return None
+        try:
+            seat = await kept.join(
+                key(target),
+                where=recorded.folder(target),
+                audit=target.spec.record in ("always", "required"),
+                start=self._start,
+                who=f"{self.user} ({self.mode}{f', via {self.via}' if self.via else ''})",
+                what=recordings.title(target),
+                required=target.spec.record == "required",
             )
-        except Busy:
-            raise busy(self.target) from None
-        return self.claim
+        except RecordingUnavailable as exc:
+            raise StatusError(503, str(exc)) from None
+        if seat is not None and self.claim is not None and self.claim.took_over:
+            kept.marker(seat, f"{self.user} took over from {self.claim.took_over}")
+        return seat
+
+    async def _start(self, path: Path, quota: Quota) -> Recording:
+        """The recording of the console or display."""
+        if self.target.spec.name == "vnc":
+            return await self._start_display(path, quota)
+        return self._start_console(path, quota)
+
+    async def _start_display(self, path: Path, quota: Quota) -> Recording:
+        """A display's recording: its own view-only connection (`sessions.display`)."""
+        target, config = self.target, self.state.config
+        recorder = DisplayRecorder(
+            path,
+            title=recordings.title(target),
+            max_file=config.consoles.max_recording_bytes,
+            rate=config.consoles.display_rate,
+            quota=quota,
+        )
+        try:
+            stream = await self.state.backends.connect(target, endpoint_url(target))
+        except StatusError as exc:
+            raise RecordingUnavailable(f"cannot reach the display: {exc.message}") from None
+        try:
+            await recorder.begin(stream, deadline=config.session.connect_timeout)
+        except DisplayUnavailable as exc:
+            await stream.close()
+            raise RecordingUnavailable(str(exc)) from None
+        return recorder
+
+    def _start_console(self, path: Path, quota: Quota) -> Recording:
+        """A console's recording: a sink of its hub (what a kept console replays first)."""
+        target = self.target
+        hub = self.state.sessions.hub(
+            key(target), feed_limit=self.state.config.session.observer_backlog
+        )
+        recorder = Recorder(
+            path,
+            title=recordings.title(target),
+            max_file=self.state.config.consoles.max_recording_bytes,
+            size=hub.size,
+            on_close=hub.remove_sink,
+            quota=quota,
+        )
+        hub.add_sink(recorder)
+        if hub.scrollback is not None:
+            # What a kept console replays to the first to attach is part of what they saw.
+            recorder.output(hub.scrollback.tail())
+        for note in hub.notes:
+            recorder.marker(note)
+        hub.notes.clear()
+        return recorder
 
     async def __aexit__(self, *_: object) -> None:
+        self.leave()
+
+    def leave(self) -> None:
+        """Give up the place in the recording, then the slot."""
+        if self.seat is not None:
+            self.seat.leave()
+            self.seat = None
+        self._release()
+
+    def _release(self) -> None:
         if self.claim is not None:
             self.state.sessions.release(self.claim)
-
-
-class _NoHold:
-    """The slot of a session that has none."""
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *_: object) -> None:
-        return None
+            self.claim = None
 
 
 def busy(target: Target) -> StatusError:
@@ -305,13 +435,33 @@ def busy(target: Target) -> StatusError:
 
 
 def hold(
-    state: Runtime, user: str, *, target: Target, exclusive: bool, preserve: bool = False
-) -> Hold | _NoHold:
-    """The session's exclusive slot, to enter before the upgrade (see the module docstring).
+    state: Runtime,
+    user: str,
+    *,
+    target: Target,
+    exclusive: bool,
+    preserve: bool = False,
+    mode: str = "",
+    owner: bool = True,
+    via: str = "",
+) -> Hold:
+    """The session's exclusive slot (when `exclusive`) and its place in the recording, to
+    enter before the upgrade (see the module docstring).
 
     With `preserve`, a slot another session holds is a 409 instead of a takeover.
+    `owner` False: another replica owns the unit and records the session;
+    `via`: the front replica of a peer session.
     """
-    return Hold(state, user, target, preserve=preserve) if exclusive else _NoHold()
+    return Hold(
+        state,
+        user,
+        target,
+        exclusive=exclusive,
+        preserve=preserve,
+        mode=mode,
+        owner=owner,
+        via=via,
+    )
 
 
 def record(target: Target, who: Who, *, dialect: str, mode: str = "") -> Record:
@@ -338,23 +488,48 @@ def live(
     target: Target,
     dialect: str,
     client: Closable,
-    claim: Claim | None = None,
+    held: Hold | None = None,
     mode: str = "",
     backend: object = None,
+    limits: Limits | None = None,
 ) -> Live:
     """The session of `client`, to enter once upgraded: registered, counted, finally recorded.
 
     `mode` defaults to the subresource's interactive one. A `backend` with an
-    `attached(closer)` method is given a way to close this session.
+    `attached(closer)` method is given a way to close this session; `limits`
+    (from `admit`) end it when it lasts too long or goes idle.
     """
     return Live(
         state,
         record(target, who, dialect=dialect, mode=mode),
         client,
-        claim=claim,
+        held=held,
         transport=who.transport,
         target=target,
         backend=backend,
+        limits=limits,
+    )
+
+
+def admit(
+    state: Runtime,
+    who: Who,
+    *,
+    target: Target,
+    mode: str = "",
+    elsewhere: Sequence[tuple[str, str]] = (),
+) -> Limits:
+    """The limits of a new session of `who`, before its upgrade; 429 when the user already
+    has as many sessions as a rule allows, counting those this replica fronts and
+    `elsewhere` (the subresources and modes of the user's sessions on other replicas)."""
+    mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
+    others = [limits.Counted(who.user, rbac_name(sub, how)) for sub, how in elsewhere]
+    return limits.admit(
+        state.config.limits,
+        user=who.user,
+        groups=who.groups,
+        subresource=rbac_name(target.spec.name, mode),
+        live=[*(s for s in state.sessions.live if isinstance(s, Live)), *others],
     )
 
 

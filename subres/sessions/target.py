@@ -30,6 +30,9 @@ class Target:
     namespace: str
     name: str
     obj: Mapping[str, Any]
+    """The object the subresource acts on (an `instance` parent's: its instance)."""
+    uid: str = ""
+    """The uid of the object the request names (the parent's own, even with an instance)."""
 
     def describe(self) -> str:
         """`Machine default/vm1`."""

@@ -33,6 +33,7 @@ from tests.agent.conftest import (
     replica_options,
 )
 from tests.agent.test_relay import echoed, ws
+from tests.server.test_cve_regressions import proxy_certificate
 from tests.support import Backend, start_standalone
 
 SERVER_NAME = f"{certs.AGENT_SERVICE}.{NAMESPACE}.svc"
@@ -150,5 +151,19 @@ async def test_a_lost_agent_is_an_error_to_the_reader_never_a_clean_end(
         with pytest.raises(ConnectionResetError, match=r'agent of node "node-a" .* was lost'):
             await asyncio.wait_for(stream.read(), 10)
         await stream.close()
+    finally:
+        await backend.stop()
+
+
+async def test_a_replicas_name_beside_another_is_no_replica(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    backend = await Backend().start_unix(agent.socket_dir / "serial.sock")
+    try:
+        for names in (("subres-replica", "intruder"), ("intruder", "subres-replica")):
+            pair = proxy_certificate(agent.pki.ca, *names)
+            code, message = await ask(agent, client_context(agent.pki, pair, tmp_path), backend.url)
+            assert code == 401 and "not an allowed replica identity" in message, message
+        assert backend.accepted == 0
     finally:
         await backend.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+import pytest
+
 from subres.agent import run
 from subres.agent.options import AgentOptions
 from subres.backends import endpoint
@@ -68,3 +70,36 @@ def test_an_agents_allow_tcp_lifts_only_the_denies_it_names() -> None:
     assert not may_dial("0.0.0.0/0", "169.254.169.254")
     assert not may_dial("::/0", "::ffff:169.254.169.254")
     assert not may_dial("0.0.0.0/0", "127.0.0.1")
+
+
+def test_each_socket_directory_names_the_owner_of_its_sockets(tmp_path: Path) -> None:
+    base = ["agent", "--tls-cert-file=a", "--tls-private-key-file=b", "--client-ca-file=c"]
+    args = [*base, "--node-name=n", f"--socket-dir={tmp_path}=107:108", "--socket-dir=/run/x"]
+    options = AgentOptions.from_args(parser().parse_args(args))
+    assert options.socket_dirs == (tmp_path, Path("/run/x"))
+    assert options.socket_owners == {tmp_path: (107, 108)}
+    assert options.validate() == []
+    # Unnamed, the owner is the directory's own.
+    plain = AgentOptions.from_args(parser().parse_args([*base, f"--socket-dir={tmp_path}"]))
+    [directory] = run.socket_dirs(plain)
+    assert (directory.uid, directory.gid) == (tmp_path.stat().st_uid, None)
+    for owner in ("x", "107:", "-1", "1" * 4400):
+        [problem] = agent_problems("--node-name=n", f"--socket-dir=/run/vms={owner}")
+        assert problem == "--socket-dir /run/vms: the owner must be UID[:GID]", owner
+
+
+def test_the_agent_takes_the_servers_connection_flags() -> None:
+    base = ["agent", "--tls-cert-file=a", "--tls-private-key-file=b", "--client-ca-file=c"]
+    args = [*base, "--tls-handshake-timeout=2s", "--idle-timeout=1m", "--request-header-timeout=5"]
+    options = AgentOptions.from_args(
+        parser().parse_args([*args, "--max-unauthenticated-connections=7"])
+    )
+    limits = options.connections
+    assert (limits.tls_handshake_timeout, limits.request_header_timeout) == (2.0, 5.0)
+    assert (limits.idle_timeout, limits.max_unauthenticated) == (60.0, 7)
+    assert agent_problems("--node-name=n", "--socket-dir=/run/vms", "--idle-timeout=0") == [
+        "--idle-timeout must be positive"
+    ]
+    for endless in ("inf", "nan", "1e999"):
+        with pytest.raises(SystemExit):
+            parser().parse_args([*base, f"--idle-timeout={endless}"])

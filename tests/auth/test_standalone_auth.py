@@ -107,6 +107,11 @@ def test_request_attributes(method: str, path: str, expected: attributes.Attribu
         ("/apis/g.io/v1/sessions", {}, "list", ""),
         ("/apis/g.io/v1/namespaces/ns/sessions", {"watch": "true"}, "watch", "ns"),
         ("/apis/g.io/v1/namespaces/ns/sessions", {"watch": "false"}, "list", "ns"),
+        # As Go's ParseBool reads it, and RequestInfo: what is no boolean is a list.
+        ("/apis/g.io/v1/sessions", {"watch": "T"}, "watch", ""),
+        ("/apis/g.io/v1/sessions", {"watch": "yes"}, "list", ""),
+        ("/apis/g.io/v1/sessions", {"watch": ""}, "list", ""),
+        ("/apis/g.io/v1/sessions", {"watch": "tRuE"}, "list", ""),
     ],
 )
 def test_a_get_naming_no_object_is_a_list_or_a_watch(

@@ -212,8 +212,10 @@ def write_files(root: Path, machines: int, backend_port: int, ssh: SshEcho) -> F
         "source": {"group": "subres.dev", "version": "v1alpha1"},
         "subresources": {"console": console},
     }
+    # The observers phase attaches 50 to one console: past the default caps, which it measures.
+    caps = {"maxObserversPerConsole": 1000, "maxObservers": 1000}
     (root / "config.yaml").write_text(
-        yaml.safe_dump({"endpointPolicy": policy, "parents": [parent]})
+        yaml.safe_dump({"endpointPolicy": policy, "parents": [parent], "session": caps})
     )
 
     def machine(name: str, console: dict[str, str]) -> dict[str, object]:

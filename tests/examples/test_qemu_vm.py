@@ -315,7 +315,10 @@ async def test_two_serial_ports_each_with_its_own_writer_observer_recording_and_
         assert b"subres: 42 from the kernel" in logs[0][1] and b"/dev/ttyS1" in logs[1][1]
         assert b"subres: 42 from the kernel" not in logs[1][1]
         await subres.server.state.recordings.stop()
-    casts = {p.name.split("-")[1]: output(p) for p in recordings.glob("default/vm1/*.cast")}
+    casts = {
+        p.name.split("-")[1]: output(p)
+        for p in (recordings / "default/machines/vm1").rglob("*.cast")
+    }
     assert set(casts) == {"serial1", *casts} and len(casts) == 2, casts
     assert "/dev/ttyS1" in casts["serial1"] and "/dev/ttyS0" not in casts["serial1"]
     [default] = (text for name, text in casts.items() if name != "serial1")

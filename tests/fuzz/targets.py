@@ -23,31 +23,28 @@ import yaml
 
 from subres import config, fields
 from subres.backends import addresses, endpoint
-from subres.protocol import channels, consolelog, portforward_spdy, portforward_ws, relay, rfb
+from subres.protocol import (
+    channels,
+    consolelog,
+    displayrec,
+    portforward_spdy,
+    portforward_ws,
+    rfb,
+    rfbwatch,
+)
 from subres.protocol.spdy import errors as spdy_errors
 from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
 from subres.protocol.spdy.headers import HeaderDecoder, HeaderEncoder
 from subres.protocol.spdy.limits import Limits as SpdyLimits
+from tests.fuzz import hostile
+from tests.fuzz.support import Provider, chunks
 
 __all__ = ["TARGETS"]
-
-Provider = Any
-"""`atheris.FuzzedDataProvider` (untyped)."""
 
 SPDY_LIMITS = SpdyLimits()
 RFB_LIMITS = rfb.Limits(max_pixels=64 * 64, max_text=4096, max_messages=64)
 """Small enough that a framebuffer costs the fuzzer nothing; the bounds are the point."""
-
-
-def _chunks(fdp: Provider, data: bytes) -> list[bytes]:
-    """`data` cut where the fuzzer says: a peer may send any split."""
-    pieces, pos = [], 0
-    while pos < len(data):
-        size = fdp.ConsumeIntInRange(1, max(1, len(data) - pos))
-        pieces.append(data[pos : pos + size])
-        pos += size
-    return pieces
 
 
 # -- SPDY ---------------------------------------------------------------------------------
@@ -100,7 +97,7 @@ def spdy(data: bytes) -> None:
         _forged_frame(fdp, encoder) if fdp.ConsumeBool() else fdp.ConsumeBytes(50)
         for _ in range(fdp.ConsumeIntInRange(0, 12))
     )
-    for chunk in _chunks(fdp, stream):
+    for chunk in chunks(fdp, stream):
         connection.receive_data(chunk)  # peer faults become events, never exceptions
         assert connection._parser.buffered <= SPDY_LIMITS.max_control_frame_length + 8
         if fdp.ConsumeBool():
@@ -213,23 +210,69 @@ def portforward_pairing(data: bytes) -> None:
 _HANDSHAKE = b"RFB 003.008\n\x01\x01\x00\x00\x00\x00"
 
 
+def _vnc_server(fdp: Provider, *, smallest: int) -> list[bytes]:
+    """A VNC server's bytes, after a valid handshake or from the first byte, in any chunks."""
+    stream = b""
+    if fdp.ConsumeBool():
+        width, height = fdp.ConsumeIntInRange(smallest, 70), fdp.ConsumeIntInRange(smallest, 70)
+        stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
+    stream += fdp.ConsumeBytes(fdp.remaining_bytes())
+    return chunks(fdp, stream) if stream else []
+
+
 def rfb_client(data: bytes) -> None:
     """A VNC server's bytes, after a valid handshake or from the first byte."""
     fdp = atheris.FuzzedDataProvider(data)
     client = rfb.ScreenshotClient(limits=RFB_LIMITS)
-    stream = b""
-    if fdp.ConsumeBool():
-        width, height = fdp.ConsumeIntInRange(0, 70), fdp.ConsumeIntInRange(0, 70)
-        stream = _HANDSHAKE + struct.pack(">HH", width, height) + b"\x00" * 16 + b"\0\0\0\0"
-    stream += fdp.ConsumeBytes(fdp.remaining_bytes())
     try:
-        for chunk in _chunks(fdp, stream) if stream else []:
+        for chunk in _vnc_server(fdp, smallest=0):
             for event in client.receive_data(chunk):
                 if isinstance(event, rfb.FramebufferCaptured):
                     assert event.width * event.height <= RFB_LIMITS.max_pixels
                     assert len(event.rgb) == event.width * event.height * 3
             assert len(client.data_to_send()) < 4096
     except rfb.RfbError:
+        pass
+
+
+def rfb_watch(data: bytes) -> None:
+    """A VNC server's bytes to a display recording's watcher, which asks again and again."""
+    fdp = atheris.FuzzedDataProvider(data)
+    client = rfbwatch.WatchClient(limits=RFB_LIMITS)
+    try:
+        for chunk in _vnc_server(fdp, smallest=1):
+            for event in client.receive_data(chunk):
+                width, height = client.size
+                assert width * height <= RFB_LIMITS.max_pixels
+                if isinstance(event, rfbwatch.Changed):
+                    for x, y, w, h in event.rects:
+                        assert len(client.pixels(x, y, w, h)) == w * h * 3
+                client.request()
+            assert len(client.data_to_send()) < 65536
+    except rfb.RfbError:
+        pass
+
+
+def display_recording(data: bytes) -> None:
+    """A display recording file as a player reads it: header, blocks, records, the screen."""
+    fdp = atheris.FuzzedDataProvider(data)
+    if fdp.ConsumeBool():
+        head = displayrec.Header(1, fdp.ConsumeUnicodeNoSurrogates(16)).encode()
+        body = fdp.ConsumeBytes(fdp.remaining_bytes())
+        blob = (
+            head + displayrec.seal(fdp.ConsumeBool(), 0, body) if fdp.ConsumeBool() else head + body
+        )
+    else:
+        blob = fdp.ConsumeBytes(fdp.remaining_bytes())
+    assert displayrec.complete_size(blob) <= len(blob)
+    screen = displayrec.Screen()
+    try:
+        _, offset = displayrec.read_header(blob)
+        for ref in displayrec.blocks(blob, offset):
+            for record in displayrec.records(blob[ref.offset : ref.offset + ref.length]):
+                screen.apply(record)
+                assert len(screen.rgb) == screen.width * screen.height * 3
+    except displayrec.DisplayRecordingError:
         pass
 
 
@@ -360,44 +403,11 @@ def console_log(data: bytes) -> None:
     if not options.timestamps and options.limit_bytes is None:
         assert text.endswith(out)
     stamper = consolelog.Stamper(options, sent=len(out))
-    followed = b"".join(stamper.feed(chunk, 0) for chunk in _chunks(fdp, text))
+    followed = b"".join(stamper.feed(chunk, 0) for chunk in chunks(fdp, text))
     if options.limit_bytes is not None:
         assert len(out) + len(followed) <= max(options.limit_bytes, len(out))
     elif not options.timestamps:
         assert followed == text
-
-
-def _relay_events(decoder: relay.FrameDecoder, chunks: list[bytes]) -> list[relay.Event] | None:
-    """The events of `chunks`, adjacent data joined; None when the decoder refused them."""
-    events: list[relay.Event] = []
-    try:
-        for chunk in chunks:
-            events += decoder.feed(chunk)
-    except relay.FrameError:
-        return None
-    joined: list[relay.Event] = []
-    for event in events:
-        last = joined[-1] if joined else None
-        if isinstance(event, relay.DataReceived) and isinstance(last, relay.DataReceived):
-            joined[-1] = relay.DataReceived(last.data + event.data)
-        else:
-            joined.append(event)
-    return joined
-
-
-def relay_frames(data: bytes) -> None:
-    """Relay frames from a hostile agent or replica: however cut, the same events or refusal."""
-    fdp = atheris.FuzzedDataProvider(data)
-    partial, peer = fdp.ConsumeBool(), fdp.ConsumeBool()
-    relay.heartbeat_interval(fdp.ConsumeUnicodeNoSurrogates(12))
-    wire = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 4096))
-    whole = _relay_events(relay.FrameDecoder(partial=partial, peer=peer), [wire])
-    cut = _relay_events(relay.FrameDecoder(partial=partial, peer=peer), _chunks(fdp, wire))
-    if partial:
-        assert whole == cut, (whole, cut)
-    else:
-        # Datagrams are never split: whole frames, whatever the chunks.
-        assert (whole is None) == (cut is None) and whole == cut, (whole, cut)
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
@@ -406,9 +416,11 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "channels": channel_framing,
     "portforward": portforward_pairing,
     "rfb": rfb_client,
+    "rfb-watch": rfb_watch,
+    "display-recording": display_recording,
     "endpoints": endpoints,
     "config": config_loader,
     "console-log": console_log,
-    "relay": relay_frames,
+    **hostile.TARGETS,
 }
 """Every target by the name `python -m tests.fuzz` takes."""

@@ -64,6 +64,9 @@ def test_read_parses_events_and_refuses_what_is_not_a_recording() -> None:
         ([b'{"version": 2, "width": 0, "height": 24}'], "positive integers"),
         ([b"not json"], "not JSON"),
         ([b""], "not JSON"),
+        ([b'{"version": 2, "width": 80, "height": 24, "timestamp": "x"}'], "timestamp"),
+        ([b'{"version": 2, "width": 80, "height": 24, "timestamp": 1e999}'], "timestamp"),
+        ([b'{"version": 2, "width": 80, "height": 24, "timestamp": ' + b"9" * 5000 + b"}"], "JSON"),
     ]:
         with pytest.raises(RecordingError, match=message):
             read(lines)

@@ -29,6 +29,7 @@ def test_missing_request_id_is_derived_from_stream_ids_as_kubelet_does() -> None
         (headers("data", "65536"), "unable to parse"),
         (headers("data", "-1"), "unable to parse"),
         (headers("data", "\uff18\uff10"), "unable to parse"),  # full-width digits
+        (headers("data", "8" * 5000), "unable to parse"),  # more digits than int() takes
         ([("port", "80")], '"streamtype" header is required'),
         (headers("stdin"), "invalid stream type"),
     ],
@@ -36,6 +37,11 @@ def test_missing_request_id_is_derived_from_stream_ids_as_kubelet_does() -> None
 def test_bad_headers_are_refused(pairs: list[tuple[str, str]], message: str) -> None:
     with pytest.raises(pf.StreamRefused, match=message):
         pf.check(1, pairs)
+
+
+def test_leading_zeros_say_nothing_however_many() -> None:
+    # As Go's ParseUint reads them.
+    assert pf.check(1, headers("data", "0" * 5000 + "80")).port == 80
 
 
 def test_pairs_complete_in_either_order_and_leave_the_table() -> None:

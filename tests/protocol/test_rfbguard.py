@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subres.protocol.rfbguard import ViewerGuard, ViewerRefused
+from subres.protocol.rfbguard import (
+    HEAD_LIMIT,
+    MAX_CUT_TEXT,
+    MAX_EARLY,
+    ViewerGuard,
+    ViewerRefused,
+)
 
 V38 = b"RFB 003.008\n"
 V33 = b"RFB 003.003\n"
@@ -103,3 +109,41 @@ def test_an_interactive_viewer_it_cannot_read_passes_untouched() -> None:
     assert run(tls, [V38 + b"\x13", b"\x00\x02 anything"]) == V38 + b"\x13\x00\x02 anything"
     odd = ViewerGuard(view_only=False)
     assert run(odd, [b"one", b"two"]) == b"onetwo"
+
+
+@pytest.mark.parametrize("view_only", [True, False])
+def test_a_viewer_pushing_bytes_at_a_silent_rfb_33_server_is_refused_not_buffered(
+    view_only: bool,
+) -> None:
+    # The guest sent its version but not yet its security type: 128 MiB from the viewer.
+    guard = ViewerGuard(view_only=view_only)
+    guard.from_server(V33)
+    assert guard.from_client(V33) == V33
+    chunk = bytes(1 << 20)
+    with pytest.raises(ViewerRefused, match="before the VNC server chose a security type"):
+        for _ in range(128):
+            assert guard.from_client(chunk) == b""
+            assert guard.buffered <= MAX_EARLY
+    assert guard.buffered <= MAX_EARLY + len(chunk)
+
+
+def test_an_rfb_33_viewer_that_waits_for_the_server_loses_nothing() -> None:
+    guard = ViewerGuard(view_only=False)
+    guard.from_server(V33)
+    early = b"\x00" + UPDATE_REQUEST  # a viewer that guessed None and sent ahead
+    assert run(guard, [V33, early]) == V33
+    guard.from_server(struct.pack(">I", 1))
+    assert guard.from_client(KEY) == b"\x01" + UPDATE_REQUEST + KEY
+
+
+def test_large_messages_pass_or_drop_as_they_arrive_and_are_never_held_whole() -> None:
+    count = 0xFFFF
+    encodings = b"\x02\x00" + struct.pack(">H", count) + bytes(4 * count)
+    cut = b"\x06\x00\x00\x00" + struct.pack(">i", MAX_CUT_TEXT) + b"x" * MAX_CUT_TEXT
+    stream = encodings + cut + UPDATE_REQUEST
+    guard = ViewerGuard(view_only=True)
+    out = run(guard, [HANDSHAKE_38])
+    for at in range(0, len(stream), 4096):
+        out += guard.from_client(stream[at : at + 4096])
+        assert guard.buffered <= HEAD_LIMIT
+    assert out == V38 + b"\x01\x01" + encodings + UPDATE_REQUEST

@@ -145,7 +145,7 @@ async def test_every_console_is_kept_logged_and_recorded_on_its_own(
     assert await log(subres, "kept", "serial1") == b"[ttyS1]to one\n"
     assert await log(subres, "kept", "") == b"[ttyS0]to zero\n"
     await subres.server.state.recordings.stop()
-    casts = sorted((tmp_path / "recordings" / "default" / "kept").glob("*.cast"))
+    casts = sorted((tmp_path / "recordings" / "default" / "machines").glob("kept/*/*.cast"))
     titles = sorted(json.loads(p.read_text().splitlines()[0])["title"] for p in casts)
     assert titles == ["Machine default/kept console", "Machine default/kept console serial1"]
     texts = {p.name.split("-")[1]: p.read_text() for p in casts}

@@ -156,7 +156,8 @@ def test_the_agent_daemonset_mounts_one_narrow_socket_directory() -> None:
     # The replicas' default socket directory: what they vet is what the agents serve.
     assert host == configfile.DEFAULT_SOCKET_DIR
     [container] = daemonset["containers"]
-    assert f"--socket-dir={host}" in container["args"]
+    # Its sockets and their listeners must belong to the machines' runtime (root here).
+    assert f"--socket-dir={host}=0:0" in container["args"]
     assert {"name": "relay", "containerPort": 8444, "protocol": "TCP"} in container["ports"]
     secrets = {v["secret"]["secretName"] for v in daemonset["volumes"] if "secret" in v}
     assert secrets == {"subres-agent-tls"}
@@ -376,3 +377,10 @@ def test_the_recordings_component_gives_the_replicas_a_shared_directory(
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["recordings"]["persistentVolumeClaim"]["claimName"] == "subres-recordings"
     assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
+
+
+def test_moderating_is_a_role_of_its_own() -> None:
+    rules = documents()[("ClusterRole", "subres-machine-moderator")]["rules"]
+    granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
+    assert {("machines/console-moderate", "delete"), ("machines/vnc-moderate", "get")} <= granted
+    assert not any(r in ("machines/console", "machines/vnc") for r, _ in granted)

@@ -13,8 +13,10 @@ from typing import Any
 import aiohttp
 import pytest
 import websockets
+from aiohttp import web
 from websockets.asyncio.client import connect
 
+from subres.server import sessionlist
 from subres.serving import certs
 from tests.support import Backend, Standalone, machine, start_standalone
 
@@ -191,3 +193,23 @@ async def test_machine_changes_apply_without_restart(subres: Standalone, backend
     status, _ = await refused(subres, "vm1")
     assert status == 404
     await backend.wait_open(0)
+
+
+async def test_a_failure_nobody_expected_is_a_500_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*_: object) -> web.Response:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(sessionlist, "for_namespace", broken)
+    async with (
+        start_standalone(tmp_path) as subres,
+        aiohttp.ClientSession() as http,
+        http.get(
+            subres.api_url("sessions", scheme="https"), headers=subres.auth, ssl=subres.client_ssl
+        ) as r,
+    ):
+        body = await r.json()
+        assert (r.status, body["kind"], body["code"]) == (500, "Status", 500)
+        assert body["message"] == "an internal error occurred"  # never the traceback
+        assert r.headers["Connection"] == "close"

@@ -7,6 +7,7 @@ prints whatever the test tells it to while nobody is attached.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,28 @@ async def test_consoles_kept_always_and_at_most_max_kept(tmp_path: Path, serial:
         await wait_for(lambda: len(subres.server.state.sessions.hubs) == 2)
         assert sorted(k.name for k in subres.server.state.sessions.hubs) == ["vm0", "vm1"]
     await serial.wait_open(0)
+
+
+async def test_kept_places_are_shared_fairly_between_namespaces(
+    tmp_path: Path, serial: Backend
+) -> None:
+    # One namespace annotates many consoles, others a few: each still gets its share.
+    objects = [kept(f"vm{i:02}", serial.url) for i in range(12)]
+    for namespace in ("team-a", "team-b"):
+        for i in range(2):
+            obj = kept(f"{namespace}-{i}", serial.url)
+            obj["metadata"]["namespace"] = namespace
+            objects.append(obj)
+    config = {"consoles": {"maxKept": 8, "maxKeptPerNamespace": 5}}
+    async with start_standalone(tmp_path, *objects, config=config) as subres:
+        await serial.wait_open(8)
+        hubs = subres.server.state.sessions.hubs
+        await wait_for(lambda: len(hubs) == 8)
+        per_namespace = collections.Counter(key.namespace for key in hubs)
+        assert per_namespace == {"default": 4, "team-a": 2, "team-b": 2}
+    config = {"consoles": {"maxKept": 100, "maxKeptPerNamespace": 5}}
+    async with start_standalone(tmp_path, *objects, config=config) as subres:
+        await serial.wait_open(9)
+        hubs = subres.server.state.sessions.hubs
+        await wait_for(lambda: len(hubs) == 9)
+        assert collections.Counter(key.namespace for key in hubs)["default"] == 5

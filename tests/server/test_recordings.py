@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from subres.protocol import asciicast
+from subres.sessions import recordings as recordings_module
 from subres.sessions.recordings import BANNER
 from tests.consoles import stdout_until
 from tests.support import GROUP_VERSION, Backend, Standalone, machine, start_standalone, wait_for
@@ -73,6 +74,7 @@ async def test_a_recorded_session_is_announced_and_replays_what_everyone_saw(
         await alice.send(b"\x00echo recorded \xe2\x82\xac\r\n")
         await stdout_until(bob, "recorded €\r\n".encode())
     await wait_for(lambda: not subres.server.state.sessions.live)
+    await subres.server.state.recordings.stop()  # written now, not at the next flush
     (item,) = await recordings(subres)
     assert item["title"] == "Machine default/vm1 console" and item["size"] > 0
     status, content_type, body = await api(subres, f"vm1/recordings/{item['name']}")
@@ -110,19 +112,20 @@ async def test_recordings_are_only_read_by_their_names(subres: Standalone) -> No
 
 
 async def test_a_long_recording_goes_on_in_parts_and_old_ones_are_deleted(
-    tmp_path: Path, backend: Backend
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caps = settings(tmp_path, maxFileBytes=2000, maxTotalBytes=6000)
+    monkeypatch.setattr(recordings_module, "QUIET", 0.0)  # no other replica shares the files
+    caps = settings(tmp_path, maxFileBytes=2000, maxNamespaceBytes=6000)
     async with start_standalone(tmp_path, recorded("vm1", backend.url), config=caps) as subres:
         for round_ in range(4):
             async with subres.websocket(subres.url("vm1"), V5) as ws:
-                for line in range(6):
+                for line in range(10):
                     text = f"round {round_} line {line} {'x' * 300}\r\n".encode()
                     await ws.send(b"\x00" + text)
                     await stdout_until(ws, text)
             await wait_for(lambda: not subres.server.state.sessions.live)
             await subres.server.state.recordings.stop()
-        files = sorted((tmp_path / "recordings" / "default" / "vm1").glob("*.cast"))
+        files = sorted((tmp_path / "recordings" / "default" / "machines").glob("vm1/*/*.cast"))
         total = sum(f.stat().st_size for f in files)
         assert total <= 6000
         assert any(f.name.endswith(".2.cast") for f in files)
@@ -131,3 +134,23 @@ async def test_a_long_recording_goes_on_in_parts_and_old_ones_are_deleted(
             list(events)
         listed = await recordings(subres)
         assert {i["name"] for i in listed} == {f.name for f in files}
+
+
+async def test_a_takeover_is_marked_with_who_took_over_from_whom(subres: Standalone) -> None:
+    async with subres.websocket(subres.url("vm1"), V5) as alice:
+        await stdout_until(alice, BANNER)
+        async with subres.websocket(subres.url("vm1"), V5, user="bob") as bob:
+            await stdout_until(bob, BANNER)
+            await wait_for(lambda: len(subres.server.state.sessions.live) == 1)
+    await wait_for(lambda: not subres.server.state.sessions.live)
+    (item,) = await recordings(subres)
+    _, _, body = await api(subres, f"vm1/recordings/{item['name']}")
+    _, events = asciicast.read(body.splitlines())
+    markers = [e.data for e in events if e.code == "m"]
+    assert markers == [
+        "alice (writer) attached",
+        "bob (writer) attached",
+        "bob took over from alice",
+        "alice (writer) left",
+        "bob (writer) left",
+    ]

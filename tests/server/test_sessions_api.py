@@ -109,6 +109,8 @@ async def test_unknown_machines_and_watches_are_refused(subres: Standalone) -> N
     assert status == 404 and body["kind"] == "Status"
     status, body = await get(subres, f"/apis/{GROUP_VERSION}/sessions?watch=true")
     assert status == 405 and "cannot be watched" in body["message"]
+    status, body = await get(subres, f"/apis/{GROUP_VERSION}/sessions?watch=yes")
+    assert status == 400 and body["message"] == "watch must be true or false, not 'yes'"
 
 
 async def test_ended_sessions_leave_the_list(subres: Standalone) -> None:

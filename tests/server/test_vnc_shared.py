@@ -8,6 +8,7 @@ viewer asking for an exclusive session no longer disconnects the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -148,8 +149,13 @@ async def test_view_only_viewers_stay_through_takeovers_and_preserve_session(
         await bob_ws.send(UPDATE_REQUEST)
         await bob_ws.ping()
         assert bob_ws.close_code is None
-    modes = [line["mode"] for line in subres.audit_lines() if line["stage"] == "start"]
-    assert modes == ["observer", "viewer", "viewer"]
+
+    def modes() -> list[str]:
+        return [line["mode"] for line in subres.audit_lines() if line["stage"] == "start"]
+
+    # Audit lines leave from a thread of their own: the last may still be on its way.
+    await wait_for(lambda: len(modes()) == 3)
+    assert modes() == ["observer", "viewer", "viewer"]
 
 
 async def test_a_view_only_viewer_sending_what_cannot_be_checked_is_closed(
@@ -185,3 +191,38 @@ async def test_tigervnc_keeps_every_viewer_when_one_asks_for_the_display_alone(
                 await viewer.ws.send(b"\x03\x00" + struct.pack(">HHHH", 0, 0, 320, 240))
                 header = await viewer.read(4)
                 assert header[0] == 0  # FramebufferUpdate: both are still being served
+
+
+@pytest.mark.parametrize("sub", ["vnc", "vnc-observe"])
+async def test_a_viewer_flooding_a_guest_stuck_before_its_security_type_is_closed(
+    tmp_path: Path, sub: str
+) -> None:
+    # An RFB 3.3 guest that sends its version, then hangs: the guard must not keep it all.
+    seen = asyncio.Event()
+
+    async def stuck(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"RFB 003.003\n")
+        await reader.readexactly(12)
+        seen.set()
+        await reader.read()  # nothing more ever comes through the guard
+
+    server = await asyncio.start_server(stuck, "127.0.0.1", 0)
+    url = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with (
+            start_standalone(tmp_path, vnc_machine("vm1", url)) as subres,
+            view(subres, sub) as ws,
+        ):
+            assert await Viewer(ws).read(12) == b"RFB 003.003\n"
+            await ws.send(b"RFB 003.003\n")
+            async with asyncio.timeout(TIMEOUT):
+                await seen.wait()
+            with contextlib.suppress(websockets.ConnectionClosed):
+                for _ in range(64):
+                    await ws.send(bytes(1 << 18))
+            code, reason = await closed(ws)
+            assert code == 1008
+            assert reason is not None and "before the VNC server chose a security type" in reason
+            await wait_for(lambda: not subres.server.state.sessions.live)
+    finally:
+        server.close()

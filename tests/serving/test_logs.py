@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from subres.serving.logs import JsonFormatter
+from websockets.asyncio.client import connect
+
+from subres.serving.logs import JsonFormatter, TextFormatter
 from tests.cli.conftest import Demo, run_cli, running_demo
-from tests.support import wait_for
+from tests.support import Backend, machine, start_standalone, wait_for
 
 
 def _record(level: int, msg: str, *args: object, **extra: Any) -> logging.LogRecord:
@@ -84,3 +88,50 @@ async def test_the_demo_logs_json_and_the_session_end_has_its_fields(tmp_path: P
     # The console went through the demo's SSH server, whose library logs at INFO: not here.
     others = [e for e in entries if not e["logger"].startswith("subres") and e.get("v") == 0]
     assert [e for e in others if e["logger"] != "aiohttp.access"] == []
+
+
+def test_text_lines_escape_what_users_chose() -> None:
+    forged = "mallory\n2026-12-01 10:00:00,000 INFO subres: console of default/vm1 by admin"
+    record = _record(logging.INFO, "console by %s ended\r\x1b[2J\u2028", forged)
+    line = TextFormatter().format(record)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\u2028" not in line
+    assert line.endswith(
+        "console by mallory\\x0a2026-12-01 10:00:00,000 INFO subres: console of default/vm1 "
+        "by admin ended\\x0d\\x1b[2J\\u2028"
+    )
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        record = _record(logging.ERROR, "failed for %s", "a\nb")
+        record.exc_info = sys.exc_info()
+    head, *trace = TextFormatter().format(record).splitlines()
+    assert head.endswith("failed for a\\x0ab") and trace[0] == "Traceback (most recent call last):"
+
+
+async def test_a_user_name_with_a_newline_forges_no_line_of_the_servers_log(
+    tmp_path: Path,
+) -> None:
+    forged = "mallory\n2026-12-01 10:00:00,000 INFO subres: ended by admin"  # a CN, <= 64
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    echo = await Backend().start_tcp()
+    try:
+        async with start_standalone(tmp_path, machine("vm1", console=echo.url)) as subres:
+            tls = subres.client_cert_ssl(forged, ["devs"])
+            async with connect(subres.url("vm1"), ssl=tls) as ws:
+                await ws.send(b"hi")
+                assert await ws.recv() == b"hi"
+            await wait_for(lambda: "mallory" in stream.getvalue())
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        await echo.stop()
+    lines = stream.getvalue().splitlines()
+    assert any("mallory\\x0a2026-12-01" in line for line in lines)
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+    assert all(stamp.match(line) or line.startswith(("Traceback", " ")) for line in lines), lines

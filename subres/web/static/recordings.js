@@ -1,4 +1,5 @@
-// The recordings tab: a machine's recorded console sessions, each played on the replay page.
+// The recordings tab: a machine's recorded console and display sessions, each played on the
+// replay page.
 
 export class RecordingsView {
   constructor(element, { url, headers, machine, onStatus }) {
@@ -40,7 +41,7 @@ export class RecordingsView {
     const table = document.createElement('table');
     table.className = 'recordings';
     const head = table.createTHead().insertRow();
-    for (const title of ['Started', 'Size', 'Title', '']) {
+    for (const title of ['Started', 'Of', 'Size', 'Title', '']) {
       const cell = document.createElement('th');
       cell.textContent = title;
       head.append(cell);
@@ -49,6 +50,7 @@ export class RecordingsView {
     for (const item of items) {
       const row = body.insertRow();
       row.insertCell().textContent = new Date(item.started).toLocaleString();
+      row.insertCell().textContent = item.subresource === 'vnc' ? 'display' : 'console';
       row.insertCell().textContent = `${Math.ceil(item.size / 1024)} KiB`;
       row.insertCell().textContent = item.title;
       const link = document.createElement('a');

@@ -1,4 +1,5 @@
-// The replay page: one recording of a machine's console in asciinema-player.
+// The replay page: one recording of a machine, a console's in asciinema-player, a display's on
+// a canvas (displayplayer.js).
 const TOKEN_KEY = 'subres.token';
 
 const settings = await (await fetch('config.json')).json();
@@ -14,17 +15,29 @@ document.getElementById('back').href = `./?${new URLSearchParams({ machine })}#r
 const [namespace, name] = machine.split('/', 2).map(encodeURIComponent);
 const path = `${settings.api_prefix}/namespaces/${namespace}/${settings.resource}/${name}`;
 const url = `${path}/recordings/${encodeURIComponent(recording)}`;
-const fetchOpts = token ? { headers: { Authorization: `Bearer ${token}` } } : {};
-window.player = globalThis.AsciinemaPlayer.create({ url, fetchOpts }, document.getElementById('player'), {
-  autoPlay: true,
-  idleTimeLimit: 2,
-  fit: 'width',
-});
-window.player.addEventListener('play', () => {
-  status.dataset.state = 'connected';
-  status.textContent = 'playing';
-});
-window.player.addEventListener('ended', () => {
-  status.dataset.state = 'idle';
-  status.textContent = 'ended';
-});
+const headers = token ? { Authorization: `Bearer ${token}` } : {};
+const element = document.getElementById('player');
+
+function say(state, text) {
+  status.dataset.state = state;
+  status.textContent = text;
+}
+
+if (recording.endsWith('.display')) {
+  const { DisplayPlayer } = await import('./displayplayer.js');
+  const response = await fetch(url, { headers, cache: 'no-store' });
+  if (response.ok) {
+    window.player = await DisplayPlayer.open(element, await response.arrayBuffer(), { onStatus: say });
+  } else {
+    const failure = await response.json().catch(() => ({}));
+    say('disconnected', failure.message || response.statusText);
+  }
+} else {
+  window.player = globalThis.AsciinemaPlayer.create({ url, fetchOpts: { headers } }, element, {
+    autoPlay: true,
+    idleTimeLimit: 2,
+    fit: 'width',
+  });
+  window.player.addEventListener('play', () => say('connected', 'playing'));
+  window.player.addEventListener('ended', () => say('idle', 'ended'));
+}
