@@ -9,6 +9,16 @@ from hypothesis import strategies as st
 from subres.protocol import relay
 
 
+def fed(decoder: relay.FrameDecoder, wire: bytes, cuts: list[int]) -> list[relay.Event]:
+    """The events of `wire` fed to `decoder` in pieces cut at `cuts` (modulo its length)."""
+    events: list[relay.Event] = []
+    start = 0
+    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
+        events += decoder.feed(wire[start:cut])
+        start = max(start, cut)
+    return events
+
+
 def test_frames_are_a_type_byte_a_length_and_the_payload() -> None:
     assert relay.data(b"hi") == b"\x00\x00\x00\x00\x02hi"
     assert relay.eof() == b"\x01\x00\x00\x00\x00"
@@ -33,11 +43,7 @@ def test_decoder_yields_events_in_order() -> None:
 def test_any_chunking_gives_the_same_frames(payloads: list[bytes], cuts: list[int]) -> None:
     wire = b"".join(relay.data(p) for p in payloads) + relay.eof()
     decoder = relay.FrameDecoder()
-    events = []
-    start = 0
-    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
-        events += decoder.feed(wire[start:cut])
-        start = max(start, cut)
+    events = fed(decoder, wire, cuts)
     assert events == [relay.DataReceived(p) for p in payloads] + [relay.EofReceived()]
 
 
@@ -69,11 +75,7 @@ def test_partial_mode_hands_out_payload_bytes_as_they_come(
 ) -> None:
     wire = b"".join(relay.data(p) for p in payloads) + relay.error("x")
     decoder = relay.FrameDecoder(partial=True)
-    events = []
-    start = 0
-    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
-        events += decoder.feed(wire[start:cut])
-        start = max(start, cut)
+    events = fed(decoder, wire, cuts)
     data = [e for e in events if isinstance(e, relay.DataReceived)]
     assert b"".join(e.data for e in data) == b"".join(payloads)
     assert events[-1] == relay.ErrorReceived("x")
@@ -161,11 +163,7 @@ def test_heartbeats_anywhere_between_frames_change_no_event(
         frames.insert(where % (len(frames) + 1), relay.heartbeat())
     wire = b"".join(frames)
     decoder = relay.FrameDecoder(partial=True)
-    events = []
-    start = 0
-    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
-        events += decoder.feed(wire[start:cut])
-        start = max(start, cut)
+    events = fed(decoder, wire, cuts)
     data = b"".join(e.data for e in events if isinstance(e, relay.DataReceived))
     assert data == b"".join(payloads)
     assert events[-1] == relay.EofReceived()
