@@ -19,6 +19,7 @@ import yaml
 
 from subres import fields, policies
 from subres.policies import LimitRule, Moderation
+from subres.protocol import relay
 
 __all__ = [
     "ANY_PORT",
@@ -263,6 +264,9 @@ class SessionSpec:
 
     ping_interval: float = 10.0
     """Seconds between WebSocket pings; a peer that misses a pong is closed."""
+    relay_heartbeat: float = 2.0
+    """Seconds between heartbeats on relays to node agents and to other replicas; a relay
+    that hears nothing for `protocol.relay.MISSED_BEATS` of them is dropped."""
     connect_timeout: float = 5.0
     """Seconds allowed to dial a backend before answering 503."""
     read_size: int = 65536
@@ -725,6 +729,7 @@ def _networks(
 def _session(data: Any) -> SessionSpec:
     keys = {
         "pingInterval",
+        "relayHeartbeat",
         "connectTimeout",
         "readSize",
         "maxMessage",
@@ -741,6 +746,7 @@ def _session(data: Any) -> SessionSpec:
     default = SessionSpec()
     return SessionSpec(
         ping_interval=_positive(doc.get("pingInterval", default.ping_interval), "pingInterval"),
+        relay_heartbeat=_heartbeat(doc.get("relayHeartbeat", default.relay_heartbeat)),
         connect_timeout=_positive(
             doc.get("connectTimeout", default.connect_timeout), "connectTimeout"
         ),
@@ -879,6 +885,15 @@ def _bool(data: Any, what: str) -> bool:
     if not isinstance(data, bool):
         raise ConfigError(f"{what} must be true or false")
     return data
+
+
+def _heartbeat(data: Any) -> float:
+    seconds = _positive(data, "relayHeartbeat")
+    if relay.heartbeat_interval(str(seconds)) is None:
+        raise ConfigError(
+            f"relayHeartbeat must be {relay.MIN_HEARTBEAT:g} to {relay.MAX_HEARTBEAT:g} seconds"
+        )
+    return seconds
 
 
 def _positive(data: Any, what: str) -> float:
