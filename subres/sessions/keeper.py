@@ -190,10 +190,15 @@ class Keeper:
             await self.reconcile()
 
     def _agents_changed(self) -> None:
-        """A node's agent came or went: the consoles waiting for a connection try again now."""
+        """A node's agent came or went: a console waiting for a connection tries again now,
+        and a connected one redials at once when its connection ends.
+
+        In a rolling update the node's next agent is Ready while the old one still carries
+        the console; when the old one stops, the console's backoff (grown by earlier
+        failures, up to `LAST_RETRY`) must not stand between it and the agent waiting.
+        """
         for console in self.consoles.values():
-            if console.backend is None:
-                console.wake()
+            console.wake()
 
     def _moved(self, previous: tuple[str, ...]) -> None:
         """The members changed: note the consoles of a lost owner that are this replica's now."""
