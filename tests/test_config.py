@@ -48,7 +48,7 @@ def test_full_file() -> None:
                 }
             ],
             "endpointPolicy": {"allowCIDRs": ["10.0.0.0/8"], "socketDirs": []},
-            "session": {"pingInterval": 30, "connectTimeout": 2.5},
+            "session": {"pingInterval": 30, "connectTimeout": 2.5, "relayHeartbeat": 0.5},
         }
     )
     hosts = cfg.parent("hosts")
@@ -57,6 +57,7 @@ def test_full_file() -> None:
     assert rule == config.Requirement(".status.state", ("provisioned", "ready"))
     assert hosts.node == ".status.consumerNode" and hosts.subresources["console"].node_local
     assert cfg.session.ping_interval == 30 and cfg.session.read_size == 65536
+    assert cfg.session.relay_heartbeat == 0.5
     assert cfg.policy.socket_dirs == ()
 
 
@@ -67,6 +68,8 @@ def test_full_file() -> None:
         # A YAML null key beside a string one (found by the fuzzer: sorting them raised).
         ({None: 1, "J": 2}, "unknown keys ['J', 'None']"),
         ({"session": {"pingInterval": 0}}, "pingInterval must be a positive number"),
+        ({"session": {"relayHeartbeat": 0}}, "relayHeartbeat must be a positive number"),
+        ({"session": {"relayHeartbeat": 600}}, "relayHeartbeat must be 0.1 to 60 seconds"),
         ({"session": {"screenshotConcurrency": 0}}, "screenshotConcurrency must be a positive"),
         ({"session": {"screenshotMaxPixels": True}}, "screenshotMaxPixels must be a positive"),
         ({"session": {"readSize": 1.5}}, "readSize must be a positive integer"),

@@ -9,6 +9,11 @@ directory's owner: `backends.nofollow`; TCP and UDP only to networks it was
 told to allow), never what the replica's policy says. A refusal is a `Status` (401 for the caller's
 identity, 403 with the policy's reason, 503 when the dial fails), sent
 before any upgrade.
+
+A relay whose replica asks for heartbeats beats back; one whose replica fell
+silent is dropped and its backend closed, so that a socket which takes one
+connection at a time (a VM's serial port) is free for the next. When the
+agent stops, every relay is ended at once with an ERROR frame saying so.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
@@ -33,7 +38,7 @@ from subres.kube.status import StatusError
 from subres.protocol import relay
 from subres.serving.tls import replica_caller
 
-__all__ = ["CALLER", "Relay", "authenticated", "handle", "identity"]
+__all__ = ["CALLER", "Relay", "authenticated", "end_all", "handle", "identity"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,8 @@ class Relay:
     read_size: int
     write_timeout: float
     """Seconds a backend may take no data before the relay fails."""
+    live: set[_Replica] = field(default_factory=set, compare=False)
+    """The relays running now (`end_all` ends them)."""
 
 
 def identity(settings: Relay) -> Middleware:
@@ -85,19 +92,35 @@ async def handle(settings: Relay, request: web.Request) -> web.StreamResponse:
     target = await _vet(settings, url, transport)
     backend = await _dial(settings, target, transport)
     log.info("relaying %s for %s (%s) as %s", target.endpoint, purpose or "?", transport, caller)
+    beat = relay.heartbeat_interval(request.headers.get(relay.HEARTBEAT_HEADER))
+    headers: list[tuple[str, str]] = [(hdrs.CONNECTION, "Upgrade"), (hdrs.UPGRADE, relay.UPGRADE)]
+    if beat is not None:
+        headers.append((relay.HEARTBEAT_HEADER, f"{beat:g}"))
     try:
-        response, peer = await upgrade(
-            request, [(hdrs.CONNECTION, "Upgrade"), (hdrs.UPGRADE, relay.UPGRADE)]
-        )
+        response, peer = await upgrade(request, headers)
         if request.transport is not None:
             # As the replica does: a few frames in flight rather than a pause per frame.
             request.transport.set_write_buffer_limits(high=4 * settings.read_size)
-        ended = await _relay(peer, backend, datagram=transport is relay.Transport.DATAGRAM)
+        if beat is not None:
+            peer.start_heartbeat(beat, relay.heartbeat())
+        replica = _Replica(peer, datagram=transport is relay.Transport.DATAGRAM)
+        settings.live.add(replica)
+        try:
+            ended = await _relay(replica, backend)
+        finally:
+            settings.live.discard(replica)
         log.info("relay to %s ended: %s", target.endpoint, ended)
         await peer.close()
     finally:
         await backend.close()
     return response
+
+
+def end_all(settings: Relay) -> None:
+    """The agent is stopping: end every relay now, telling its replica why."""
+    reason = f'the subres agent of node "{settings.node}" is shutting down'
+    for replica in list(settings.live):
+        replica.end(reason)
 
 
 def _caller(settings: Relay, request: web.Request) -> str:
@@ -172,6 +195,11 @@ class _Replica:
         self._gone = False
         self.why = "the replica closed the relay"
 
+    def end(self, reason: str) -> None:
+        """End the relay from here: an ERROR frame with `reason`, and the connection closed."""
+        self.why = reason
+        self._peer.end(relay.error(reason))
+
     @property
     def gone(self) -> bool:
         return self._gone
@@ -182,6 +210,8 @@ class _Replica:
                 chunk = await self._peer.read()
                 if not chunk:
                     self._gone = True
+                    if self._peer.silent:
+                        self.why = f"the replica stopped answering ({self._peer.silent})"
                     break
                 try:
                     self._events.extend(self._decoder.feed(chunk))
@@ -218,12 +248,11 @@ class _Replica:
         await self._peer.close()
 
 
-async def _relay(peer: UpgradedSocket, backend: ByteStream, *, datagram: bool) -> str:
+async def _relay(replica: _Replica, backend: ByteStream) -> str:
     """Frames from the replica to the backend and back, until the replica leaves.
 
     The backend's end (EOF, or an error with its reason) goes to the replica
     as a frame; the replica then closes, which is what ends the relay.
     """
-    replica = _Replica(peer, datagram=datagram)
     outcome = await pump(replica, backend, Traffic())
     return replica.why if outcome.ending is Ending.CLIENT else outcome.reason

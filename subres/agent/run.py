@@ -36,7 +36,7 @@ __all__ = ["GUARD", "Agent", "build", "main", "policy", "serve", "socket_dirs"]
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 5.0
-"""Seconds live relays get when the agent stops."""
+"""Seconds the relays, told to end, get to close when the agent stops."""
 GUARD = web.AppKey("guard", connections.Guard)
 """The application's connection guard (timeouts and the unauthenticated cap)."""
 
@@ -99,6 +99,13 @@ def build(options: AgentOptions) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=0)
     app[GUARD] = guard
     app.router.add_route("POST", wire.PATH, functools.partial(relay.handle, settings))
+
+    async def stopping(_: web.Application) -> None:
+        # Once it stopped listening: told now, a replica keeping a console dials it
+        # again (through the node's next agent) without waiting out the grace.
+        relay.end_all(settings)
+
+    app.on_shutdown.append(stopping)
     return app
 
 
@@ -145,7 +152,7 @@ class Agent:
         return self.port
 
     async def stop(self) -> None:
-        """Stop listening and end live relays."""
+        """Stop listening and end live relays, each replica told why at once."""
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.wait([self._watcher])

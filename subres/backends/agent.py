@@ -11,7 +11,8 @@ one that cannot be reached, is `AgentUnavailable` (503 naming the node); an
 agent that refuses or fails its own dial is `AgentRefused` with its code
 (403 with its policy's reason, 502/503 when its dial failed). Once relaying,
 an agent that dies makes `read` raise `ConnectionResetError`: a lost relay
-is a failure, never a clean end of the session.
+is a failure, never a clean end of the session. So does one that falls
+silent: relays beat (`engine.heartbeat`) when the agent agrees to.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from subres.backends.endpoint import Endpoint, Target
 from subres.backends.stream import BackendUnavailable
 from subres.engine import client
 from subres.engine.client import UpgradedStream
+from subres.engine.heartbeat import Heartbeat
 from subres.engine.stream import Chunk
 from subres.protocol import relay
 
@@ -70,6 +72,10 @@ class Directory(Protocol):
         """`https://host:port` of the agent of `node`, or None when none serves it."""
         ...
 
+    def follow(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` whenever the agent of some node changes."""
+        ...
+
 
 @dataclass(frozen=True)
 class StaticDirectory:
@@ -80,6 +86,9 @@ class StaticDirectory:
     def url(self, node: str) -> str | None:
         """The URL given for `node`."""
         return self.urls.get(node)
+
+    def follow(self, changed: Callable[[], None]) -> None:
+        """Agents named on the command line never change."""
 
 
 def parse_agent_url(url: str) -> tuple[str, int]:
@@ -145,9 +154,11 @@ class Agents:
         connect_timeout: float,
         read_size: int,
         write_timeout: float,
+        heartbeat: float | None = None,
         purpose: str = "",
     ) -> RelayStream:
-        """A relayed connection to `target` through the agent of `node`."""
+        """A relayed connection to `target` through the agent of `node`, beating every
+        `heartbeat` seconds when the agent agrees to."""
         url = self.directory.url(node)
         if url is None:
             raise AgentUnavailable(f'no subres agent serves node "{node}"')
@@ -173,7 +184,7 @@ class Agents:
             return RelayStream(
                 high_water=4 * read_size,
                 write_timeout=write_timeout,
-                lost=f"{where} was lost",
+                where=where,
                 datagram=datagram,
             )
 
@@ -185,6 +196,7 @@ class Agents:
                 server_name=self.tls.server_name,
                 connect_timeout=connect_timeout,
                 request=Request(relay.PATH, relay.UPGRADE, "subres-agent", headers),
+                heartbeat=heartbeat,
             )
         except TimeoutError:
             raise AgentUnavailable(f"{where} did not answer within {connect_timeout:g}s") from None
@@ -215,12 +227,15 @@ async def open_relay(
     server_name: str,
     connect_timeout: float,
     request: Request,
+    heartbeat: float | None = None,
 ) -> _S:
     """Connect over TLS, send `request` and return the stream after its 101, in time.
 
     The one upgrade client (`subres.engine.client`) does the HTTP; a refusal
-    becomes the stream's `refusal`. Raises `TimeoutError`, the connection's
-    errors (OSError), or that refusal.
+    becomes the stream's `refusal`. With `heartbeat`, the request asks both
+    ends to beat every that many seconds, and the stream beats once the 101
+    agrees. Raises `TimeoutError`, the connection's errors (OSError), or that
+    refusal.
     """
     made: list[_S] = []
 
@@ -241,6 +256,8 @@ async def open_relay(
         "Content-Length": "0",
         **dict(request.headers),
     }
+    if heartbeat is not None:
+        headers[relay.HEARTBEAT_HEADER] = f"{heartbeat:g}"
     try:
         async with asyncio.timeout(connect_timeout):
             conn = await client.upgrade(peer, method="POST", headers=headers, stream=stream)
@@ -248,6 +265,9 @@ async def open_relay(
         raise made[-1].refusal(exc.status, exc.body) from None
     # TLS's default 64 KiB would pause on every 64 KiB frame: keep a few in flight.
     conn.set_write_high_water(conn.high_water)
+    agreed = relay.heartbeat_interval(conn.answer.get(relay.HEARTBEAT_HEADER.lower()))
+    if heartbeat is not None and agreed == heartbeat:
+        conn.start_heartbeat(heartbeat)
     return conn
 
 
@@ -265,14 +285,14 @@ class RelayStream(UpgradedStream):
     whose payloads take `SocketStream`'s queue and flow control.
     """
 
-    __slots__ = ("_decoder", "_failure", "_lost_reason", "high_water")
+    __slots__ = ("_decoder", "_failure", "_heartbeat", "_where", "high_water")
 
     def __init__(
         self,
         *,
         high_water: int,
         write_timeout: float,
-        lost: str,
+        where: str,
         datagram: bool = False,
         peer: bool = False,
     ) -> None:
@@ -280,10 +300,36 @@ class RelayStream(UpgradedStream):
         self.high_water = high_water
         self._decoder = relay.FrameDecoder(partial=not datagram, peer=peer)
         self._failure: str | None = None
-        self._lost_reason = lost
+        self._where = where
+        """The other end in words (`the subres agent of node "a" at https://…`)."""
+        self._heartbeat: Heartbeat | None = None
+
+    def start_heartbeat(self, interval: float) -> None:
+        """Beat every `interval` seconds; drop the relay once the other end fell silent."""
+        self._heartbeat = Heartbeat(
+            interval, beat=self._beat, expire=self._silent, reading=lambda: self.reading
+        )
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        transport = self._transport
+        # Queued bytes will tell the other end as much, once it reads them.
+        idle = transport is not None and not transport.get_write_buffer_size()
+        if idle and transport is not None and not transport.is_closing():
+            transport.write(relay.heartbeat())
+
+    def _silent(self, why: str) -> None:
+        # The reason reaches clients in a close frame (123 bytes): `why` goes to the log.
+        log.info("%s stopped answering: %s", self._where, why)
+        if self._failure is None:
+            self._failure = f"{self._where} stopped answering"
+        if self._transport is not None:
+            self._transport.abort()
 
     def upgraded_data(self, data: bytes) -> None:
         """Frames from the other end."""
+        if self._heartbeat is not None:
+            self._heartbeat.heard()
         self._frames_received(data)
 
     def _frames_received(self, data: bytes) -> None:
@@ -319,8 +365,10 @@ class RelayStream(UpgradedStream):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Without an EOF or ERROR frame first, the relay was lost."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if self.upgraded and not self._eof and self._failure is None:
-            self._failure = self._lost_reason + (f": {exc}" if exc else "")
+            self._failure = f"{self._where} was lost" + (f": {exc}" if exc else "")
         # After the agent's EOF frame the end is clean, whatever TLS said on closing.
         failure = self._failure
         super().connection_lost(None if failure is None else ConnectionResetError(failure))

@@ -57,7 +57,7 @@ class PeerStream(RelayStream):
         super().__init__(
             high_water=high_water,
             write_timeout=write_timeout,
-            lost=f"the replica {owner} owning this console was lost",
+            where=f"the replica {owner} owning this console",
             peer=True,
         )
         self.owner = owner
@@ -99,7 +99,8 @@ class PeerStream(RelayStream):
     def connection_lost(self, exc: Exception | None) -> None:
         """Lost without a goodbye: the owner died or moved; the client should reconnect."""
         if not self._eof and self._ended is None and self.upgraded:
-            self._end(GOING_AWAY, f"the replica {self.owner} owning this console was lost")
+            lost = f"the replica {self.owner} owning this console was lost"
+            self._end(GOING_AWAY, self._failure or lost)
         super().connection_lost(exc)
 
     async def close(self) -> None:
@@ -129,6 +130,8 @@ class Peers:
     connect_timeout: float
     read_size: int
     write_timeout: float
+    heartbeat: float | None = None
+    """Seconds between heartbeats on peer sessions (both ends beat; None: neither)."""
 
     async def open(
         self, owner: str, address: tuple[str, int], headers: Sequence[tuple[str, str]]
@@ -151,6 +154,7 @@ class Peers:
                 server_name=self.tls.server_name,
                 connect_timeout=self.connect_timeout,
                 request=Request(PATH, UPGRADE, "subres-replica", list(headers)),
+                heartbeat=self.heartbeat,
             )
         except PeerRefused:
             raise

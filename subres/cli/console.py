@@ -120,7 +120,9 @@ async def _console(
             left = await pacing.next(lasted=loop.time() - started)
             if left <= 0:
                 raise CommandError(f"{target}: {session.dropped}; gave up reconnecting")
-            ws = await _reconnect(config, address=address, target=target, within=left)
+            ws = await _reconnect(
+                config, address=address, target=target, within=left, interactive=interactive
+            )
             _say(f"Reconnected to {target}.", interactive=interactive)
 
 
@@ -147,10 +149,15 @@ def _say(line: str, *, interactive: bool) -> None:
 async def _connect(
     config: ClientConfig, *, address: str, target: Target, retry_for: float
 ) -> ClientWebSocket:
-    """Open the WebSocket; retry 409 and 503 answers with backoff for `retry_for` seconds."""
+    """Open the WebSocket; retry 409 and 503 answers with backoff for `retry_for` seconds,
+    and 401 and 403 while kube-apiserver is not ready (`reconnect.worth_reconnecting`)."""
 
-    def worth_it(exc: CommandError) -> bool:
-        if not isinstance(exc, ServerError) or exc.code not in RETRY_CODES:
+    async def worth_it(exc: CommandError) -> bool:
+        if not isinstance(exc, ServerError):
+            return False
+        if exc.code in reconnect.DENIALS and retry_for > 0:
+            return not await reconnect.apiserver_ready(config)
+        if exc.code not in RETRY_CODES:
             return False
         if retry_for == 0 and not exc.hint:
             exc.hint = "hint: --timeout 5m waits for it to become available"
@@ -158,6 +165,8 @@ async def _connect(
 
     def waiting(exc: CommandError) -> None:
         message = exc.message if isinstance(exc, ServerError) else str(exc)
+        if isinstance(exc, ServerError) and exc.code in reconnect.DENIALS:
+            message += " (kube-apiserver is not ready yet)"
         print(f"{target}: {message}; waiting", file=sys.stderr, flush=True)
 
     return await reconnect.retrying(
@@ -169,13 +178,15 @@ async def _connect(
 
 
 async def _reconnect(
-    config: ClientConfig, *, address: str, target: Target, within: float
+    config: ClientConfig, *, address: str, target: Target, within: float, interactive: bool
 ) -> ClientWebSocket:
     """Open the WebSocket again, through a server restarting or another replica."""
     return await reconnect.retrying(
         lambda: _open(config, address=address, target=target),
         within=within,
-        worth_it=reconnect.worth_reconnecting,
+        worth_it=reconnect.reconnecting(
+            config, lambda line: _say(f"{target}: {line}", interactive=interactive)
+        ),
     )
 
 

@@ -24,7 +24,10 @@ connection is lost, forwarding goes on and says so on stderr
 (`subres.cli.reconnect.Drops`): a WebSocket's local connection ends (a TCP
 stream cannot be resumed) and the next one connects again; a dropped SPDY
 upstream is dialled again at once. `--no-reconnect` ends the command instead.
-`--stdio` has one connection and ends with it.
+`--stdio` has one connection and ends with it. Meanwhile a new connection
+waits (up to `OPEN_TIMEOUT`) through what passes: an unreachable or
+restarting server, a 409 or 503, a kube-apiserver not ready yet
+(`reconnect.worth_reconnecting`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Protocol
 
 from websockets.exceptions import ConnectionClosed
@@ -243,7 +246,16 @@ class WebSocketTransport:
             what = f"port {remote}/{protocol}: {why}"
             self._drops.dropped(what, then="the next connection connects again")
 
-        return await open_link(self._config, url, target=self._target, on_drop=dropped)
+        def say(line: str) -> None:
+            print(f"port {remote}/{protocol}: {line}", file=sys.stderr, flush=True)
+
+        def attempt() -> Awaitable[WebSocketLink]:
+            return open_link(self._config, url, target=self._target, on_drop=dropped)
+
+        if not self._drops.reconnect:
+            return await attempt()
+        worth_it = reconnect.reconnecting(self._config, say)
+        return await reconnect.retrying(attempt, within=OPEN_TIMEOUT, worth_it=worth_it)
 
     async def close(self) -> None:
         pass  # nothing is shared: every link is its own WebSocket

@@ -154,12 +154,17 @@ class SpdyTransport:
         left = await self._pacing.next(lasted=loop.time() - started)
         try:
             await reconnect.retrying(
-                self._session, within=max(left, 0.0), worth_it=reconnect.worth_reconnecting
+                self._session,
+                within=max(left, 0.0),
+                worth_it=reconnect.reconnecting(self._config, self._say),
             )
         except CommandError as exc:
             print(f"error: cannot reconnect: {exc}", file=sys.stderr, flush=True)
             return  # the next local connection tries again
         print(f"Reconnected to {self._target}.", file=sys.stderr, flush=True)
+
+    def _say(self, line: str) -> None:
+        print(f"{self._target}: {line}", file=sys.stderr, flush=True)
 
     async def _dial(self) -> Carrier:
         async def attempt(headers: Mapping[str, str]) -> Carrier:

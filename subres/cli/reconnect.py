@@ -6,6 +6,13 @@ SIGTERM, its sessions to move to another replica) or the connection is
 lost, and say so on stderr; `--no-reconnect` turns that off. A takeover
 (4001), a backend failure (1011) or a normal end (1000) never reconnects:
 someone meant it. `virtctl` does not reconnect at all.
+
+While reconnecting, an unreachable server and the refusals that pass (409,
+503) are tried again. So are 401 and 403 while kube-apiserver says it is not
+ready: restarted, it serves before its RBAC is loaded, and until then it
+denies everyone (a SubjectAccessReview answers `{"allowed": false}`, no
+reason, nothing to tell it from a real denial but `/readyz`). Once it is
+ready, a 401 or 403 is believed at once: a real one is never hidden.
 """
 
 from __future__ import annotations
@@ -15,9 +22,20 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from subres.cli import api
 from subres.cli.api import CommandError, ServerError, Unreachable
+from subres.cli.kubeconfig import ClientConfig
 
-__all__ = ["WINDOW", "Drops", "Pacing", "dropped", "retrying", "worth_reconnecting"]
+__all__ = [
+    "WINDOW",
+    "Drops",
+    "Pacing",
+    "apiserver_ready",
+    "dropped",
+    "reconnecting",
+    "retrying",
+    "worth_reconnecting",
+]
 
 T = TypeVar("T")
 
@@ -30,8 +48,15 @@ STABLE = 10.0
 """A connection that lasted this long was a success: the next drop starts afresh."""
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 5.0
+UNREACHABLE_BACKOFF = 2.0
+"""Longest pause while nothing answers: a refused connection costs the server nothing, and
+the sooner a restarted one is seen listening the sooner the pauses start again small."""
 PASSING = frozenset({409, 503})
 """Refusals that may pass: not running yet, no backend or replica available yet."""
+DENIALS = frozenset({401, 403})
+"""Refusals that pass only while kube-apiserver is not ready (its RBAC still loading)."""
+READY_TIMEOUT = 5.0
+MAX_READY_BODY = 1 << 16
 
 
 def dropped(code: int | None, reason: str | None) -> str | None:
@@ -43,38 +68,84 @@ def dropped(code: int | None, reason: str | None) -> str | None:
     return None
 
 
-def worth_reconnecting(exc: CommandError) -> bool:
-    """An unreachable server, or a refusal that may pass, while reconnecting."""
-    return isinstance(exc, Unreachable) or (isinstance(exc, ServerError) and exc.code in PASSING)
+async def worth_reconnecting(config: ClientConfig, exc: CommandError) -> bool:
+    """An unreachable server, a refusal that may pass, or a denial by a kube-apiserver
+    that is not ready yet: worth another try while reconnecting."""
+    if isinstance(exc, Unreachable):
+        return True
+    if not isinstance(exc, ServerError):
+        return False
+    if exc.code in PASSING:
+        return True
+    return exc.code in DENIALS and not await apiserver_ready(config)
+
+
+def reconnecting(
+    config: ClientConfig, say: Callable[[str], None]
+) -> Callable[[CommandError], Awaitable[bool]]:
+    """`worth_reconnecting` for one reconnection, saying (once) why a denial is tried again."""
+    said = False
+
+    async def worth_it(exc: CommandError) -> bool:
+        nonlocal said
+        if not await worth_reconnecting(config, exc):
+            return False
+        if isinstance(exc, ServerError) and exc.code in DENIALS and not said:
+            said = True
+            say(f"{exc.message} (kube-apiserver is not ready yet)")
+        return True
+
+    return worth_it
+
+
+async def apiserver_ready(config: ClientConfig) -> bool:
+    """Does kube-apiserver answer its `/readyz` with 200 (to us, as we are)?
+
+    A restarted kube-apiserver answers 500 until its RBAC and informers are
+    loaded, and 403 to anyone but its masters before RBAC is: both are "not
+    ready", as is not answering at all.
+    """
+    try:
+        url = f"{config.server}/readyz"
+        await api.get(config, url, max_body=MAX_READY_BODY, request_timeout=READY_TIMEOUT)
+    except CommandError:
+        return False
+    return True
 
 
 async def retrying(
     attempt: Callable[[], Awaitable[T]],
     *,
     within: float,
-    worth_it: Callable[[CommandError], bool],
+    worth_it: Callable[[CommandError], Awaitable[bool]],
     waiting: Callable[[CommandError], None] | None = None,
 ) -> T:
     """`attempt()`, again after failures `worth_it` with growing pauses, for `within` seconds.
 
-    `waiting` is told of the first failure that will be retried. The last
-    failure is raised once the time is up.
+    A failure unlike the last (refused, then 503: the server is coming back)
+    starts the pauses small again. `waiting` is told of the first failure
+    that will be retried. The last failure is raised once the time is up.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     delay = FIRST_BACKOFF
+    last: int | None = None
     while True:
         try:
             return await attempt()
         except CommandError as exc:
             remaining = deadline - loop.time()
-            if not worth_it(exc) or remaining <= 0:
+            if not await worth_it(exc) or remaining <= 0:
                 raise
             if waiting is not None:
                 waiting(exc)
                 waiting = None
+            kind = exc.code if isinstance(exc, ServerError) else 0
+            if kind != last:
+                delay, last = FIRST_BACKOFF, kind
+            longest = UNREACHABLE_BACKOFF if isinstance(exc, Unreachable) else MAX_BACKOFF
             # Backoff between attempts, not synchronisation: the server has no event to wait on.
-            await asyncio.sleep(min(delay, remaining))
+            await asyncio.sleep(min(delay, longest, remaining))
             delay = min(delay * 2, MAX_BACKOFF)
 
 

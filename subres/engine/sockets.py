@@ -84,6 +84,11 @@ class SocketStream(asyncio.Protocol):
         # uvloop's transports are not subclasses of asyncio.Transport, only alike.
         self._transport = cast(asyncio.Transport, transport)
 
+    @property
+    def reading(self) -> bool:
+        """False while reading is paused because too much waits to be read."""
+        return not self._read_paused
+
     def set_write_high_water(self, high: int) -> None:
         """Let up to `high` bytes queue in the transport before writers wait."""
         if self._transport is not None:

@@ -20,6 +20,7 @@ from typing import Protocol
 from aiohttp import web
 
 from subres.engine import internals
+from subres.engine.heartbeat import Heartbeat
 from subres.engine.stream import linger
 
 __all__ = ["READ_HIGH_WATER", "Parser", "UpgradedSocket", "switch", "upgrade"]
@@ -55,10 +56,33 @@ class UpgradedSocket:
         self._eof = False
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self._heartbeat: Heartbeat | None = None
+        self.silent = ""
+        """Why the other end was given up for silent (`start_heartbeat`), if it was."""
+
+    def start_heartbeat(self, interval: float, frame: bytes) -> None:
+        """Send `frame` every `interval` seconds; drop the connection once the other end
+        fell silent (`engine.heartbeat`)."""
+
+        def beat() -> None:
+            transport = self._transport
+            if not transport.is_closing() and not transport.get_write_buffer_size():
+                transport.write(frame)
+
+        self._heartbeat = Heartbeat(
+            interval, beat=beat, expire=self._silent, reading=lambda: not self._paused
+        )
+        self._heartbeat.start()
+
+    def _silent(self, why: str) -> None:
+        self.silent = why
+        self._transport.abort()
 
     # aiohttp's protocol calls these two as a payload parser's.
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
         """Bytes from the client; reading pauses while too many wait."""
+        if self._heartbeat is not None:
+            self._heartbeat.heard()
         self._chunks.append(data)
         self._size += len(data)
         if self._size >= READ_HIGH_WATER and not self._paused:
@@ -70,6 +94,8 @@ class UpgradedSocket:
     def feed_eof(self) -> None:
         """The connection is gone."""
         self._eof = True
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         self._wake()
 
     def _wake(self) -> None:
@@ -101,9 +127,17 @@ class UpgradedSocket:
         # aiohttp's own writers wait for drain this way (pause_writing/resume_writing).
         await internals.drain(self._request)
 
+    def end(self, last: bytes) -> None:
+        """Send `last` without waiting and close (the peer is told, not waited for)."""
+        if not self._transport.is_closing():
+            self._transport.write(last)
+            self._transport.close()
+
     async def close(self) -> None:
         """Let the peer hang up first (within `stream.CLOSE_LINGER`), then close."""
         await linger(self.read)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         self._transport.close()
 
 

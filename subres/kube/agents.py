@@ -4,12 +4,13 @@ The replicas never hold a static list: the informer over the agent pods (the
 DaemonSet's, selected by label in subres's namespace) keeps this directory
 current. A pod counts once it is scheduled to a node, has an address, is
 Ready and is not being deleted; when a node briefly has two (a rolling
-update), the newest ready one wins.
+update), the newest ready one wins. Whoever follows the directory (the
+console keeper) is told when the agent of some node changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["AgentPods"]
@@ -25,10 +26,15 @@ class AgentPods:
         self._pods: dict[Key, Mapping[str, Any]] = {}
         self._nodes: dict[str, str] = {}
         self.synced = False
+        self._followers: list[Callable[[], None]] = []
 
     def url(self, node: str) -> str | None:
         """The agent of `node`, or None when no ready agent pod runs there."""
         return self._nodes.get(node)
+
+    def follow(self, changed: Callable[[], None]) -> None:
+        """Call `changed` (which must not block) whenever the agent of some node changes."""
+        self._followers.append(changed)
 
     def replace(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """A complete listing of the agent pods."""
@@ -57,7 +63,12 @@ class AgentPods:
             created = str(pod.get("metadata", {}).get("creationTimestamp") or "")
             if node not in best or created > best[node][0]:
                 best[node] = (created, url)
-        self._nodes = {node: url for node, (_, url) in best.items()}
+        nodes = {node: url for node, (_, url) in best.items()}
+        changed = nodes != self._nodes
+        self._nodes = nodes
+        if changed:
+            for follower in self._followers:
+                follower()
 
     def _serving(self, pod: Mapping[str, Any]) -> tuple[str, str] | None:
         """(node, URL) of a pod that can take relays now, else None."""

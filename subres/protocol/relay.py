@@ -25,6 +25,14 @@ what lets a half-close and a failure cross TLS, which asyncio cannot
 half-close, and keeps datagram boundaries. A connection that ends without
 `EOF` or `ERROR` was lost: the agent or the replica died.
 
+A network cut ends nothing by itself, so both ends of a relay may beat: when
+the request says `Subres-Heartbeat: SECONDS` and the 101 says it back, each
+end sends a `HEARTBEAT` frame (no payload) every that many seconds and drops
+the connection once nothing at all arrived for `MISSED_BEATS` of them while it
+was reading (`engine.heartbeat`). A decoder swallows heartbeats: they carry
+nothing but the news that the other end is there. Ends that do not ask, or
+do not answer, never send one, so either side may be older than the other.
+
 Replicas relay sessions to each other with the same frames (`subres-peer.v1`,
 see `sessions.peer`) plus two types that only a decoder made with `peer`
 accepts: `RESIZE` (a console window's columns and rows, two big-endian
@@ -41,7 +49,11 @@ from dataclasses import dataclass
 __all__ = [
     "ENDPOINT_HEADER",
     "FOR_HEADER",
+    "HEARTBEAT_HEADER",
     "MAX_FRAME",
+    "MAX_HEARTBEAT",
+    "MIN_HEARTBEAT",
+    "MISSED_BEATS",
     "PATH",
     "TRANSPORT_HEADER",
     "UPGRADE",
@@ -58,6 +70,8 @@ __all__ = [
     "data",
     "eof",
     "error",
+    "heartbeat",
+    "heartbeat_interval",
     "resize",
 ]
 
@@ -66,6 +80,12 @@ UPGRADE = "subres-relay.v1"
 ENDPOINT_HEADER = "Subres-Endpoint"
 TRANSPORT_HEADER = "Subres-Transport"
 FOR_HEADER = "Subres-For"
+HEARTBEAT_HEADER = "Subres-Heartbeat"
+MIN_HEARTBEAT = 0.1
+MAX_HEARTBEAT = 60.0
+"""The intervals (seconds) an end agrees to beat at; anything else is not beating."""
+MISSED_BEATS = 4
+"""Intervals of silence, while reading, after which an end drops the connection."""
 
 MAX_FRAME = 4 << 20
 """The largest payload a decoder accepts: above any read size or datagram."""
@@ -88,6 +108,7 @@ class FrameType(enum.IntEnum):
     ERROR = 2
     RESIZE = 3
     CLOSE = 4
+    HEARTBEAT = 5
 
 
 class FrameError(ValueError):
@@ -133,6 +154,7 @@ Event = DataReceived | EofReceived | ErrorReceived | ResizeReceived | CloseRecei
 
 _SIZE = struct.Struct(">HH")
 _CODE = struct.Struct(">H")
+_HEARTBEAT = _HEADER.pack(FrameType.HEARTBEAT, 0)
 
 
 def data(payload: bytes | memoryview) -> bytes:
@@ -155,6 +177,20 @@ def error(reason: str) -> bytes:
     return _HEADER.pack(FrameType.ERROR, len(payload)) + payload
 
 
+def heartbeat() -> bytes:
+    """A HEARTBEAT frame: the sender is there."""
+    return _HEARTBEAT
+
+
+def heartbeat_interval(text: str | None) -> float | None:
+    """The interval a `Subres-Heartbeat` header asks for, or None (absent or unusable)."""
+    try:
+        seconds = float(text or "")
+    except ValueError:
+        return None
+    return seconds if MIN_HEARTBEAT <= seconds <= MAX_HEARTBEAT else None
+
+
 def resize(width: int, height: int) -> bytes:
     """A RESIZE frame (each dimension clamped to 0..65535)."""
     payload = _SIZE.pack(min(max(width, 0), 0xFFFF), min(max(height, 0), 0xFFFF))
@@ -168,7 +204,7 @@ def close(code: int, reason: str) -> bytes:
 
 
 class FrameDecoder:
-    """Bytes in, frame events out, whatever the chunking.
+    """Bytes in, frame events out, whatever the chunking; heartbeats are consumed.
 
     With `partial` (byte streams), a DATA payload is handed out as its bytes
     arrive, in as many events as the chunking makes: a chunk that is all
@@ -218,6 +254,8 @@ class FrameDecoder:
                 kind, length = _HEADER.unpack_from(view, offset)
                 if length > MAX_FRAME:
                     raise FrameError(f"relay frame of {length} bytes exceeds {MAX_FRAME}")
+                if kind == FrameType.HEARTBEAT and length:
+                    raise FrameError("relay HEARTBEAT frame with a payload")
                 start = offset + _HEADER.size
                 end = start + length
                 if end > size:
@@ -227,7 +265,8 @@ class FrameDecoder:
                         self._remaining = end - size
                         return size
                     break
-                events.append(_event(kind, bytes(view[start:end]), peer=self._peer))
+                if kind != FrameType.HEARTBEAT:
+                    events.append(_event(kind, bytes(view[start:end]), peer=self._peer))
                 offset = end
         return offset
 

@@ -27,6 +27,7 @@ from aiohttp.typedefs import Handler
 from subres.backends.peer import UPGRADE
 from subres.engine import upgrade
 from subres.kube.status import StatusError
+from subres.protocol import relay
 from subres.server import log as logs
 from subres.server import moderate, recordinglist, sessionlist
 from subres.server.state import State
@@ -72,6 +73,9 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     ask = peer.parse(one, request.headers.getall("Subres-Group", []))
     prepared = await peer.prepare(state, ask)
     headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
+    beat = relay.heartbeat_interval(request.headers.get(relay.HEARTBEAT_HEADER))
+    if beat is not None:
+        headers.append((relay.HEARTBEAT_HEADER, f"{beat:g}"))
     if prepared.target.spec.name == "usbredir":
         headers.append(("Subres-Unit", prepared.target.spec.unit))  # the slot it chose
     if prepared.held.seat is not None:
@@ -87,6 +91,8 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     if request.transport is not None:
         # As the agent relay does: a few frames in flight rather than a pause per frame.
         request.transport.set_write_buffer_limits(high=4 * state.config.session.read_size)
+    if beat is not None:
+        carrier.start_heartbeat(beat, relay.heartbeat())
     await peer.serve(state, prepared, carrier)
     return response
 

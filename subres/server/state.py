@@ -99,6 +99,7 @@ class State:
             connect_timeout=session.connect_timeout,
             read_size=session.read_size,
             write_timeout=session.backend_write_timeout,
+            heartbeat=session.relay_heartbeat,
         )
         """How this replica opens peer sessions on the owners of units."""
         self.sessions.on_ended = lambda live: self.reclaimer.level("sessions", live)

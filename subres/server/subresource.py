@@ -61,6 +61,11 @@ class Backends:
         for cache in self._state.caches.values():
             cache.follow(changed)
 
+    def follow_agents(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` whenever the agent serving some node changes."""
+        if self._state.agents is not None:
+            self._state.agents.directory.follow(changed)
+
     def checked(
         self, parent: ParentSpec, spec: SubresourceSpec, namespace: str, name: str
     ) -> Target:
@@ -293,6 +298,7 @@ async def _through_agent(
         connect_timeout=session.connect_timeout,
         read_size=session.read_size,
         write_timeout=session.backend_write_timeout,
+        heartbeat=session.relay_heartbeat,
         purpose=target.describe(),
     )
 

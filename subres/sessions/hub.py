@@ -500,8 +500,16 @@ class Hub:
 
     def end(self) -> None:
         """The console's output ended (its backend closed): every feed ends."""
-        for feed in [*self.feeds, *([self.writer] if self.writer else [])]:
+        for feed in self._attached():
             feed.end()
+
+    def cut(self, reason: str, code: int) -> None:
+        """The console's connection was lost: every client is closed with `code`, `reason`."""
+        for feed in self._attached():
+            feed.cut(reason, code)
+
+    def _attached(self) -> list[Feed]:
+        return [*self.feeds, *([self.writer] if self.writer else [])]
 
     def _check_idle(self) -> None:
         if self.idle:

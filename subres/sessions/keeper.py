@@ -9,9 +9,12 @@ into the console's hub: a bounded scrollback (`consoles.scrollback` bytes,
 replayed to whoever attaches, `?tail=N` for its last lines), the observers,
 a recording, and the writer if there is one (one at a time, who holds the
 connection back while it is slow, as on a connection of its own). A
-connection that ends is dialed again with backoff; whoever was attached sees
-the console end. A console that stops opting in, fails its checks or goes
-away is let go: its connection is closed.
+connection that ends is dialed again with backoff, and at once when the
+node agents change (a node's new agent became ready); whoever was attached
+sees the console end, or, when the connection failed (its node's agent was
+lost), is closed with 1001 and the reason, to reconnect: the console is
+still kept. A console that stops opting in, fails its checks or goes away
+is let go: its connection is closed.
 
 Memory per kept console: its scrollback (at most `consoles.scrollback`), one
 backend connection and one task; `tests/bench/bench_console.py` measures it.
@@ -30,12 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import random
 from collections.abc import Iterator, Mapping
 
 from subres.config import ParentSpec
 from subres.engine.stream import ByteStream
+from subres.engine.websocket import CloseCode
 from subres.kube.status import StatusError
 from subres.sessions import fairness, sharing
 from subres.sessions import target as targets
@@ -73,6 +78,7 @@ class KeptConsole:
         self.scrollback = Scrollback(state.config.consoles.scrollback)
         """What the console printed (its log: `previous` begins at the last redial)."""
         self.hub.keep(self, self.scrollback)
+        self._wake = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name=f"keep {self.key}")
 
     @property
@@ -85,17 +91,24 @@ class KeptConsole:
         self.task.cancel()
         await asyncio.wait([self.task])
 
+    def wake(self) -> None:
+        """Something that may bring the console back changed: dial now, not after the backoff."""
+        self._wake.set()
+
     async def _run(self) -> None:
         """Keep the console connected, dialing again with backoff, until stopped."""
         retry = FIRST_RETRY
         try:
             while True:
                 started = asyncio.get_running_loop().time()
+                # A change during the dial counts: it may be what the dial missed.
+                self._wake.clear()
                 await self._keep()
                 if asyncio.get_running_loop().time() - started > STEADY:
                     retry = FIRST_RETRY
-                # Backoff between dials, not synchronisation: nothing signals a console's return.
-                await asyncio.sleep(retry * random.uniform(0.8, 1.2))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(retry * random.uniform(0.8, 1.2)):
+                        await self._wake.wait()
                 retry = min(retry * 2, LAST_RETRY)
         finally:
             self.hub.unkeep(self)
@@ -114,6 +127,7 @@ class KeptConsole:
         log.info("%s: kept", self.key)
         kept = self._state.metrics.consoles_kept
         kept.inc()
+        lost = ""
         try:
             while chunk := await backend.read():
                 await self.hub.deliver(chunk)
@@ -122,12 +136,17 @@ class KeptConsole:
                 del chunk
             self.status = "the console's connection ended"
         except (OSError, RuntimeError) as exc:
+            lost = _lost(exc)
             self.status = f"the console's connection failed: {exc}"
         finally:
             kept.dec()
             self._backend = None
             self.hub.release(self)
-            self.hub.end()
+            if lost:
+                # Still kept, and dialed again: those attached come back by reconnecting.
+                self.hub.cut(lost, CloseCode.GOING_AWAY)
+            else:
+                self.hub.end()
             await backend.close()
         log.info("%s: %s", self.key, self.status)
 
@@ -151,6 +170,7 @@ class Keeper:
             loop.call_soon_threadsafe(self._dirty.set)
 
         self._state.backends.follow(changed)
+        self._state.backends.follow_agents(self._agents_changed)
         self._state.owners.on_change(self._moved)
         self._dirty.set()
         self._task = asyncio.create_task(self._follow(), name="keeper")
@@ -168,6 +188,17 @@ class Keeper:
             await self._dirty.wait()
             self._dirty.clear()
             await self.reconcile()
+
+    def _agents_changed(self) -> None:
+        """A node's agent came or went: a console waiting for a connection tries again now,
+        and a connected one redials at once when its connection ends.
+
+        In a rolling update the node's next agent is Ready while the old one still carries
+        the console; when the old one stops, the console's backoff (grown by earlier
+        failures, up to `LAST_RETRY`) must not stand between it and the agent waiting.
+        """
+        for console in self.consoles.values():
+            console.wake()
 
     def _moved(self, previous: tuple[str, ...]) -> None:
         """The members changed: note the consoles of a lost owner that are this replica's now."""
@@ -246,6 +277,13 @@ class Keeper:
                 per_namespace,
             )
             self._warned = True
+
+
+def _lost(exc: BaseException) -> str:
+    """Why a kept connection failed, in words its clients read (a relay says what it lost)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"the console's connection failed: {exc.strerror}"
+    return str(exc) or type(exc).__name__
 
 
 def subresource_url(target: Target) -> str:

@@ -21,7 +21,12 @@ the units of the replica that came or went.
 - While this replica's own renewals fail, it expires nobody: an apiserver
   that cannot be reached freezes the view instead of emptying it (it stops
   expiring others a renewal and a half after its own last one, before any
-  peer's Lease, renewed as often, could expire).
+  peer's Lease, renewed as often, could expire). Nobody could renew
+  meanwhile, so once its own renewal succeeds again every Lease is judged
+  from that moment: a peer that died during the outage expires a member
+  duration later, and live ones are not dropped (their units moved away and
+  back, every session on them reconnecting twice) for renewing a moment
+  after this one.
 - A member that drops out while its Lease was still there (expired, or its
   Pod stopped being Ready) was *lost*: its units' new owners mark their
   recordings so.
@@ -344,6 +349,7 @@ class Membership:
 
     async def renew(self) -> None:
         """Renew this replica's Lease once (a failure is logged; the view freezes)."""
+        thawing = self.synced and self._frozen()
         try:
             stored = await self._write()
         except (ApiError, OSError, TimeoutError) as exc:
@@ -351,6 +357,9 @@ class Membership:
             return
         self._version = _version(stored)
         self._renewed = self.clock()
+        if thawing:
+            for seen in self._leases.values():
+                seen.at = max(seen.at, self._renewed)
         self._lease(stored)
         if not self.synced and all(self._listed):
             self.synced = True

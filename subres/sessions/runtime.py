@@ -40,6 +40,10 @@ class Backends(Protocol):
         """Call `changed()` (from any thread) whenever a cached parent changes."""
         ...
 
+    def follow_agents(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` (on the loop) whenever the agent serving some node changes."""
+        ...
+
     def checked(
         self, parent: ParentSpec, spec: SubresourceSpec, namespace: str, name: str
     ) -> Target:

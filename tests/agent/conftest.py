@@ -9,6 +9,10 @@ endpoints are node-local.
 
 from __future__ import annotations
 
+import asyncio
+import re
+import signal
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +25,10 @@ from subres.agent.run import Agent
 from subres.serving import certs
 from tests.support import Standalone, node_local_config, start_standalone
 
-__all__ = ["AgentPKI", "Nodes", "node_machine"]
+__all__ = ["AgentPKI", "AgentProcess", "Nodes", "node_machine"]
 
 NAMESPACE = "subres-system"
+AGENT_START_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -146,3 +151,43 @@ async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
             yield Nodes(subres, agent, pki, *dirs)
     finally:
         await agent.stop()
+
+
+@dataclass
+class AgentProcess:
+    """`subres agent` for node-a as a process of its own (`agent`), and its PKI."""
+
+    proc: asyncio.subprocess.Process
+    url: str
+    pki: AgentPKI
+    socket_dir: Path
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
+    """node-a's agent as a process (signals reach it: SIGKILL, SIGSTOP), stopped by PID."""
+    pki = write_pki(tmp_path / "pki")
+    socket_dir = tmp_path / "node-a"
+    socket_dir.mkdir()
+    cert, key = pki.pair("agent")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "subres", "agent", "--node-name=node-a",
+        "--bind-address=127.0.0.1", "--port=0", f"--tls-cert-file={cert}",
+        f"--tls-private-key-file={key}", f"--client-ca-file={pki.ca_file}",
+        f"--socket-dir={socket_dir}", "--allow-tcp=127.0.0.0/8",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        async with asyncio.timeout(AGENT_START_TIMEOUT):
+            while line := await proc.stderr.readline():
+                if found := re.search(rb"serving on (https://[\d.]+:\d+)", line):
+                    break
+            else:
+                raise AssertionError(f"agent exited with {await proc.wait()}")
+        yield AgentProcess(proc, found.group(1).decode(), pki, socket_dir)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(10):
+                await proc.wait()

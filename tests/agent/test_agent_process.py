@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import ssl
-import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -32,53 +28,15 @@ from tests.agent.conftest import (
     NAMESPACE,
     NODE_LOCAL_PORTFORWARD,
     AgentPKI,
+    AgentProcess,
     node_machine,
     replica_options,
-    write_pki,
 )
 from tests.agent.test_relay import echoed, ws
 from tests.server.test_cve_regressions import proxy_certificate
 from tests.support import Backend, start_standalone
 
-START_TIMEOUT = 30.0
 SERVER_NAME = f"{certs.AGENT_SERVICE}.{NAMESPACE}.svc"
-
-
-@dataclass
-class AgentProcess:
-    proc: asyncio.subprocess.Process
-    url: str
-    pki: AgentPKI
-    socket_dir: Path
-
-
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
-    pki = write_pki(tmp_path / "pki")
-    socket_dir = tmp_path / "node-a"
-    socket_dir.mkdir()
-    cert, key = pki.pair("agent")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "subres", "agent", "--node-name=node-a",
-        "--bind-address=127.0.0.1", "--port=0", f"--tls-cert-file={cert}",
-        f"--tls-private-key-file={key}", f"--client-ca-file={pki.ca_file}",
-        f"--socket-dir={socket_dir}", "--allow-tcp=127.0.0.0/8",
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        async with asyncio.timeout(START_TIMEOUT):
-            while line := await proc.stderr.readline():
-                if found := re.search(rb"serving on (https://[\d.]+:\d+)", line):
-                    break
-            else:
-                raise AssertionError(f"agent exited with {await proc.wait()}")
-        yield AgentProcess(proc, found.group(1).decode(), pki, socket_dir)
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            async with asyncio.timeout(10):
-                await proc.wait()
 
 
 def client_context(pki: AgentPKI, pair: certs.KeyPair | None, tmp: Path) -> ssl.SSLContext:

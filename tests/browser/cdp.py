@@ -13,8 +13,10 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator
@@ -209,6 +211,7 @@ async def launch() -> AsyncIterator[Browser]:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            start_new_session=True,  # its helpers too are ours to stop (see _stop)
         )
         assert proc.stderr is not None
         drain: asyncio.Task[None] | None = None
@@ -223,12 +226,26 @@ async def launch() -> AsyncIterator[Browser]:
                 finally:
                     await browser.close()
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-            async with asyncio.timeout(15):
-                await proc.wait()
+            await _stop(proc)
             if drain is not None:
                 drain.cancel()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Stop Chromium and every helper it started, before its profile is removed.
+
+    Its network and crash-report helpers outlive the browser for a moment and
+    still write into the profile (CI once failed removing it: "Directory not empty").
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    async with asyncio.timeout(15):
+        await proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+            while True:  # until the group is empty: kill(2) with signal 0 only asks
+                os.killpg(proc.pid, 0)
+                await asyncio.sleep(0.05)
 
 
 async def _endpoint(stderr: asyncio.StreamReader) -> str:

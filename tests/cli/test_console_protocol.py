@@ -47,12 +47,17 @@ class FakeConsole:
         script: Script,
         *,
         subprotocols: Sequence[str] = (V5,),
-        refusals: Sequence[tuple[int, str]] = (),
+        refusals: Sequence[tuple[int, str] | None] = (),
+        ready: Callable[[FakeConsole], bool] = lambda fake: True,
     ) -> None:
+        """`refusals` answer the first requests in turn (None lets one through); `ready`
+        says what `/readyz` answers (200, or 500 as a starting kube-apiserver's)."""
         self.script = script
+        self.ready = ready
         self.received: queue.Queue[bytes] = queue.Queue()
         self.requests: queue.Queue[tuple[str, Headers]] = queue.Queue()
         self._refusals = list(refusals)
+        self.readyz_asked = 0
         self._server: Server = serve(
             self._handle,
             "127.0.0.1",
@@ -95,7 +100,15 @@ class FakeConsole:
             messages.append(self.received.get_nowait())
         return messages
 
+    def _readyz(self, conn: ServerConnection) -> Response:
+        self.readyz_asked += 1
+        if self.ready(self):
+            return conn.respond(HTTPStatus.OK, "ok")
+        return conn.respond(HTTPStatus.INTERNAL_SERVER_ERROR, "[-]informer-sync failed")
+
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if request.path == "/readyz":
+            return self._readyz(conn)
         if request.path.endswith(DISCOVERY_PATH):
             return conn.respond(HTTPStatus.OK, json.dumps(DISCOVERY))
         if request.path.endswith("/sessions"):
@@ -104,7 +117,10 @@ class FakeConsole:
         self.requests.put((request.path, request.headers))
         if not self._refusals:
             return None
-        code, message = self._refusals.pop(0)
+        refusal = self._refusals.pop(0)
+        if refusal is None:
+            return None
+        code, message = refusal
         status = {"kind": "Status", "status": "Failure", "message": message, "code": code}
         return conn.respond(HTTPStatus(code), json.dumps(status))
 
@@ -307,6 +323,62 @@ def test_reconnects_when_the_server_goes_away_or_the_connection_is_lost(
         "to-stderr",
     ]
     assert attempts == 2
+
+
+def test_a_denial_while_kube_apiserver_is_not_ready_is_waited_out(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    # Restarted, kube-apiserver serves before its RBAC is loaded: it denies everyone, and
+    # its /readyz says it is not ready. Once it is, the same user gets in.
+    denied = (403, 'machines "m1" is forbidden: User "alice" cannot get machines/console')
+    fake = FakeConsole(
+        in_turn(drop_connection, echo),
+        refusals=[None, denied, denied],
+        ready=lambda fake: fake.requests.qsize() > 3,
+    )
+    with fake:
+        done = run_cli(["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir)
+        attempts = fake.requests.qsize()
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode().splitlines() == [
+        "machine/m1: lost the connection to the server; reconnecting",
+        f"machine/m1: {denied[1]} (kube-apiserver is not ready yet)",
+        "Reconnected to machine/m1.",
+        "to-stderr",
+    ]
+    assert attempts == 4
+
+
+def test_with_a_timeout_a_first_connection_waits_out_a_kube_apiserver_not_ready(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    fake = FakeConsole(
+        echo, refusals=[(403, "not yet"), (403, "not yet")], ready=lambda f: f.requests.qsize() > 2
+    )
+    with fake:
+        args: list[str | Path] = ["--kubeconfig", kubeconfig(fake), "console", "m1"]
+        done = run_cli([*args, "--timeout", "30s"], home=workdir, stdin=b"up\n")
+        attempts = fake.requests.qsize()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"up\n"
+    assert done.stderr.startswith(
+        b"machine/m1: not yet (kube-apiserver is not ready yet); waiting\n"
+    )
+    assert attempts == 3
+
+
+def test_a_denial_by_a_ready_kube_apiserver_is_believed_at_once(
+    workdir: Path, kubeconfig: Callable[[FakeConsole], Path]
+) -> None:
+    with FakeConsole(in_turn(drop_connection, echo), refusals=[None, (403, "no")]) as fake:
+        done = run_cli(["--kubeconfig", kubeconfig(fake), "console", "m1"], home=workdir)
+        attempts, asked = fake.requests.qsize(), fake.readyz_asked
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines() == [
+        "machine/m1: lost the connection to the server; reconnecting",
+        "Error from server (Forbidden): no",
+    ]
+    assert (attempts, asked) == (2, 1)
 
 
 def test_failure_status_ends_the_session(

@@ -151,3 +151,23 @@ async def test_port_forward_without_reconnect_ends_with_the_server(
             said = (await forward.stderr.read()).decode()
             writer.close()
     assert said == f"error: port {remote}/tcp: the server is shutting down (1001)\n"
+
+
+async def test_a_port_forward_connection_made_while_the_server_is_away_waits_for_it(
+    tmp_path: Path, backend: Backend
+) -> None:
+    port, remote = free_port(), port_of(backend.url)
+    async with (
+        serve_process(tmp_path, vm1(backend), delay=0, grace=2, port=port) as a,
+        the_cli(tmp_path, a, "port-forward", "vm1", f"0:{remote}") as forward,
+    ):
+        local = int((await expect(forward.stdout, r"127\.0\.0\.1:(\d+) ->")).group(1))
+        await shut_down(a)
+        # Nothing listens at the server's address now: the connection waits, not fails.
+        reader, writer = await asyncio.open_connection("127.0.0.1", local)
+        writer.write(b"while away")
+        async with serve_process(tmp_path, vm1(backend), delay=0, grace=2, port=port):
+            async with asyncio.timeout(WAIT):
+                assert await reader.readexactly(10) == b"while away"
+        writer.close()
+        assert forward.returncode is None, "port-forward ended"

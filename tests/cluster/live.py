@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from subres.sessions.members import rendezvous
 from subres.sessions.registry import SessionKey
 from tests.cluster import install, users, vm
 from tests.cluster.cluster import Cluster
-from tests.e2e.controlplane import free_ports, poll
+from tests.e2e.controlplane import APIError, free_ports, poll
 
 __all__ = [
     "Live",
@@ -44,7 +46,18 @@ SETTLE_TIMEOUT_S = 90.0
 AUDIT_SETTLE_S = 15.0
 """Bound on a replica writing a session's end line after its client left."""
 STATE = "subres_drill_mark"
-WORDS = ("reconnect", "Reconnected", "error", "Error", "gave up", "lost", "going away")
+WORDS = (
+    "reconnect",
+    "Reconnected",
+    "error",
+    "Error",
+    "gave up",
+    "lost",
+    "going away",
+    "not ready",
+    "stopped answering",
+    "shutting down",
+)
 """What makes a CLI's line worth reporting (the VM's own output is not)."""
 
 
@@ -69,34 +82,66 @@ def cli_env(cluster: Cluster, home: Path) -> dict[str, str]:
 
 @dataclass
 class LogStreams:
-    """``kubectl logs -f`` of pods, kept line by line (the audit lines are JSON on stdout)."""
+    """``kubectl logs -f`` of pods, kept line by line (the audit lines are JSON on stdout).
+
+    A follow goes through kube-apiserver: when it ends with the pod still
+    there (kube-apiserver restarted), the pod's log is followed again from
+    the start, so that nothing written meanwhile is missed (a line seen twice
+    counts once).
+    """
 
     cluster: Cluster
     lines: list[str] = field(default_factory=list)
     followed: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     readers: list[asyncio.Task[None]] = field(default_factory=list)
+    closing: bool = False
 
     async def follow_replicas(self) -> None:
         """Follow every replica pod not followed yet."""
         for pod in await install.pods(self.cluster, install.NAMESPACE, install.REPLICAS):
             name = pod["metadata"]["name"]
             if name not in self.followed and "deletionTimestamp" not in pod["metadata"]:
-                await self._follow(name)
+                await self._start(name)
+                self.readers.append(asyncio.create_task(self._follow(name)))
 
-    async def _follow(self, name: str) -> None:
+    async def _start(self, name: str) -> None:
         plane = self.cluster.plane
-        proc = await asyncio.create_subprocess_exec(
+        self.followed[name] = await asyncio.create_subprocess_exec(
             str(plane.binaries.kubectl), "--kubeconfig", str(plane.admin_kubeconfig),
             "logs", "-f", "-n", install.NAMESPACE, name,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
-        self.followed[name] = proc
-        self.readers.append(asyncio.create_task(self._read(proc)))
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        while line := await proc.stdout.readline():
-            self.lines.append(line.decode(errors="replace"))
+    async def _follow(self, name: str) -> None:
+        seen = set(self.lines)
+        while True:
+            proc = self.followed[name]
+            assert proc.stdout is not None
+            while raw := await proc.stdout.readline():
+                line = raw.decode(errors="replace")
+                if line not in seen:
+                    seen.add(line)
+                    self.lines.append(line)
+            await proc.wait()
+            try:
+                if self.closing or not await poll(lambda: self._readable(name), timeout_s=60):
+                    return
+            except LookupError:
+                return  # the pod is gone, and its log with it
+            await self._start(name)
+
+    async def _readable(self, name: str) -> bool:
+        """Can the pod's log be read through kube-apiserver? (LookupError: no such pod)."""
+        path = f"/api/v1/namespaces/{install.NAMESPACE}/pods/{name}/log"
+        try:
+            await self.cluster.plane.api("GET", path, params={"limitBytes": "1"}, timeout_s=5)
+        except APIError as exc:
+            if exc.status == 404:
+                raise LookupError(name) from None
+            return False
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+        return True
 
     def audit(self) -> list[dict[str, Any]]:
         found = []
@@ -126,6 +171,7 @@ class LogStreams:
         await self.close()
 
     async def close(self) -> None:
+        self.closing = True
         for proc in self.followed.values():
             if proc.returncode is None:
                 proc.terminate()
@@ -227,11 +273,12 @@ class Seen:
 async def through(
     live: Live,
     what: str,
-    change: Callable[[], Awaitable[None]],
+    change: Callable[[Live], Awaitable[None]],
     *,
     settle_s: float = SETTLE_TIMEOUT_S,
 ) -> Seen:
-    """Run `change` while the writer and the port-forward keep probing; what they saw.
+    """Run `change` (given the users) while the writer and the port-forward keep probing;
+    what they saw.
 
     Probing goes on until both answer again after the change, `settle_s` at most.
     """
@@ -245,7 +292,7 @@ async def through(
     start = time.monotonic()
     changed = start
     try:
-        await change()
+        await change(live)
         changed = time.monotonic()
         first_after = live.writer.count + 1
 
@@ -322,7 +369,7 @@ async def observe(
     cluster: Cluster,
     home: Path,
     what: str,
-    change: Callable[[], Awaitable[None]],
+    change: Callable[[Live], Awaitable[None]],
     *,
     settle_s: float = SETTLE_TIMEOUT_S,
 ) -> Outcome:

@@ -185,15 +185,19 @@ class Rerun:
         return term
 
     def said(self, since: float, words: Sequence[str], *, most: int = 8) -> list[str]:
-        """The distinct lines of every run since `since` that contain one of `words`
-        (the first `most`, with how often each came)."""
-        counted: dict[str, int] = {}
+        """The distinct lines of every run since `since` that contain one of `words`, each
+        with when it first came (seconds after `since`) and how often (the first `most`)."""
+        found: dict[str, tuple[float, int]] = {}
         for term in self.runs:
-            text = b"".join(c for when, c in term.chunks if when >= since)
-            for line in text.decode(errors="replace").splitlines():
-                if any(w in line for w in words):
-                    counted[line.strip()] = counted.get(line.strip(), 0) + 1
-        return [f"{line} (x{n})" if n > 1 else line for line, n in counted.items()][:most]
+            hits = {hit for word in words for hit in term.lines_with(word) if hit[0] >= since}
+            for when, line in sorted(hits):
+                first, count = found.get(line, (when, 0))
+                found[line] = (first, count + 1)
+        ordered = sorted(found.items(), key=lambda item: item[1][0])
+        return [
+            f"+{first - since:.1f} s {line}" + (f" (x{count})" if count > 1 else "")
+            for line, (first, count) in ordered
+        ][:most]
 
     def output(self) -> bytes:
         return b"".join(term.output for term in self.runs)

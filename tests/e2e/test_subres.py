@@ -104,11 +104,23 @@ async def bind(
     `subresource` of machines in our group).
     """
     question = can_i or ("get", f"machines.{GROUP}", f"--subresource={subresource}")
-    (
+    # Applied, not created: modules that share the session's control plane (and this
+    # module's `subres` fixture) bind the same name again.
+    manifest = (
         await plane.kubectl(
-            "create", "rolebinding", name, "-n", NS, f"--clusterrole={role}", subject
+            "create",
+            "rolebinding",
+            name,
+            "-n",
+            NS,
+            f"--clusterrole={role}",
+            subject,
+            "--dry-run=client",
+            "-o",
+            "yaml",
         )
     ).check()
+    (await plane.kubectl("apply", "-f", "-", stdin=manifest.stdout)).check()
 
     async def bound() -> bool:
         answer = await plane.kubectl("auth", "can-i", *question, "-n", NS, *check_as)

@@ -78,19 +78,20 @@ def rfb_guard(data: bytes) -> None:
 
 def _frames(fdp: Provider, *, peer: bool) -> tuple[bytes, bytes, list[object], bool]:
     """A relay byte stream, the DATA payloads of its encoded frames, the other events they
-    make, and whether it holds nothing else (RESIZE and CLOSE frames only between peers)."""
+    make (heartbeats make none), and whether it holds nothing else (RESIZE and CLOSE frames
+    only between peers)."""
     stream, payloads = bytearray(), bytearray()
     others: list[object] = []
     clean = True
     for _ in range(fdp.ConsumeIntInRange(0, 10)):
-        choice = fdp.ConsumeIntInRange(0, 6 if peer else 4)
-        if choice == 5:
+        choice = fdp.ConsumeIntInRange(0, 7 if peer else 5)
+        if choice == 6:
             width, height = fdp.ConsumeIntInRange(-1, 70000), fdp.ConsumeIntInRange(-1, 70000)
             stream += relay.resize(width, height)
             others.append(
                 relay.ResizeReceived(min(max(width, 0), 0xFFFF), min(max(height, 0), 0xFFFF))
             )
-        elif choice == 6:
+        elif choice == 7:
             code, reason = fdp.ConsumeIntInRange(0, 0xFFFF), fdp.ConsumeUnicodeNoSurrogates(40)
             stream += relay.close(code, reason)
             others.append(relay.CloseReceived(code, reason.encode()[:123].decode(errors="replace")))
@@ -106,10 +107,29 @@ def _frames(fdp: Provider, *, peer: bool) -> tuple[bytes, bytes, list[object], b
             kind, length = fdp.ConsumeIntInRange(0, 255), fdp.ConsumeIntInRange(0, 0xFFFFFFFF)
             stream += struct.pack(">BI", kind, length)
             clean = False
+        elif choice == 5:
+            stream += relay.heartbeat()  # swallowed: no event
         else:
             stream += fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 20))
             clean = False
     return bytes(stream), bytes(payloads), others, clean
+
+
+def _events(partial: bool, peer: bool, pieces: list[bytes]) -> list[relay.Event] | None:
+    """What a new decoder makes of `pieces`, adjacent DATA joined; None once it refuses."""
+    decoder = relay.FrameDecoder(partial=partial, peer=peer)
+    events: list[relay.Event] = []
+    try:
+        for piece in pieces:
+            for event in decoder.feed(piece):
+                last = events[-1] if events else None
+                if isinstance(event, relay.DataReceived) and isinstance(last, relay.DataReceived):
+                    events[-1] = relay.DataReceived(last.data + event.data)
+                else:
+                    events.append(event)
+    except relay.FrameError:
+        return None
+    return events
 
 
 def relay_framing(data: bytes) -> None:
@@ -117,12 +137,16 @@ def relay_framing(data: bytes) -> None:
     (with RESIZE and CLOSE), in any chunking."""
     fdp = atheris.FuzzedDataProvider(data)
     partial, peer = fdp.ConsumeBool(), fdp.ConsumeBool()
+    relay.heartbeat_interval(fdp.ConsumeUnicodeNoSurrogates(12))  # any Subres-Heartbeat value
     stream, payloads, others, clean = _frames(fdp, peer=peer)
+    cut = chunks(fdp, stream)
+    # Whatever the stream, however cut: the same events, or the same refusal.
+    assert _events(partial, peer, cut) == _events(partial, peer, [stream])
     decoder = relay.FrameDecoder(partial=partial, peer=peer)
     received = bytearray()
     seen: list[object] = []
     failed = False
-    for chunk in chunks(fdp, stream):
+    for chunk in cut:
         try:
             events = decoder.feed(chunk)
         except relay.FrameError:

@@ -321,7 +321,13 @@ _KEYS = {
     "consoles": ["serial1", "sol", "serial0", "Bad", "console"],
     "ssh": ["credentials", "hostKey", "command", "term", "via"],
     "endpointPolicy": ["schemes", "allowCIDRs", "denyCIDRs", "socketDirs"],
-    "session": ["pingInterval", "readSize", "screenshotMaxPixels", "screenshotConcurrency"],
+    "session": [
+        "pingInterval",
+        "relayHeartbeat",
+        "readSize",
+        "screenshotMaxPixels",
+        "screenshotConcurrency",
+    ],
 }
 _LEAVES: list[Any] = [
     ".status.a", ".spec.a", "unix:///run/{.metadata.uid}/s", "any", "10.0.0.0/8", "::/0",

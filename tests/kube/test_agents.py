@@ -68,3 +68,17 @@ def test_watch_events_move_a_node_to_its_newest_ready_agent() -> None:
     assert agents.url("node-a") == "https://10.0.0.1:8444"
     agents.delete(pod("old", "node-a", "10.0.0.1"))
     assert agents.url("node-a") is None
+
+
+def test_followers_hear_of_a_node_changing_agents_and_of_nothing_else() -> None:
+    agents = AgentPods("relay")
+    heard: list[str | None] = []
+    agents.follow(lambda: heard.append(agents.url("node-a")))
+    agents.replace([pod("old", "node-a", "10.0.0.1")])
+    # A new pod that is not Ready yet, and a status update that changes nothing served.
+    agents.upsert(pod("new", "node-a", "10.0.0.2", ready=False, created="2026-01-01T00:01:00Z"))
+    agents.upsert(pod("old", "node-a", "10.0.0.1"))
+    agents.upsert(pod("new", "node-a", "10.0.0.2", created="2026-01-01T00:01:00Z"))
+    agents.delete(pod("old", "node-a", "10.0.0.1"))
+    agents.delete(pod("new", "node-a", "10.0.0.2"))
+    assert heard == ["https://10.0.0.1:8444", "https://10.0.0.2:8444", None]

@@ -9,6 +9,16 @@ from hypothesis import strategies as st
 from subres.protocol import relay
 
 
+def fed(decoder: relay.FrameDecoder, wire: bytes, cuts: list[int]) -> list[relay.Event]:
+    """The events of `wire` fed to `decoder` in pieces cut at `cuts` (modulo its length)."""
+    events: list[relay.Event] = []
+    start = 0
+    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
+        events += decoder.feed(wire[start:cut])
+        start = max(start, cut)
+    return events
+
+
 def test_frames_are_a_type_byte_a_length_and_the_payload() -> None:
     assert relay.data(b"hi") == b"\x00\x00\x00\x00\x02hi"
     assert relay.eof() == b"\x01\x00\x00\x00\x00"
@@ -33,11 +43,7 @@ def test_decoder_yields_events_in_order() -> None:
 def test_any_chunking_gives_the_same_frames(payloads: list[bytes], cuts: list[int]) -> None:
     wire = b"".join(relay.data(p) for p in payloads) + relay.eof()
     decoder = relay.FrameDecoder()
-    events = []
-    start = 0
-    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
-        events += decoder.feed(wire[start:cut])
-        start = max(start, cut)
+    events = fed(decoder, wire, cuts)
     assert events == [relay.DataReceived(p) for p in payloads] + [relay.EofReceived()]
 
 
@@ -69,11 +75,7 @@ def test_partial_mode_hands_out_payload_bytes_as_they_come(
 ) -> None:
     wire = b"".join(relay.data(p) for p in payloads) + relay.error("x")
     decoder = relay.FrameDecoder(partial=True)
-    events = []
-    start = 0
-    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
-        events += decoder.feed(wire[start:cut])
-        start = max(start, cut)
+    events = fed(decoder, wire, cuts)
     data = [e for e in events if isinstance(e, relay.DataReceived)]
     assert b"".join(e.data for e in data) == b"".join(payloads)
     assert events[-1] == relay.ErrorReceived("x")
@@ -132,3 +134,63 @@ def test_hostile_peer_frames_are_refused(wire: bytes, message: str) -> None:
 def test_an_agent_relay_refuses_peer_frames(frame: bytes) -> None:
     with pytest.raises(relay.FrameError, match="unknown relay frame type"):
         relay.FrameDecoder().feed(frame)
+
+
+def test_a_heartbeat_is_a_frame_of_its_own_type_without_a_payload() -> None:
+    assert relay.heartbeat() == b"\x05\x00\x00\x00\x00"
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_heartbeats_are_consumed_and_yield_nothing(partial: bool) -> None:
+    wire = relay.heartbeat() + relay.data(b"ab") + relay.heartbeat() * 3 + relay.eof()
+    assert relay.FrameDecoder(partial=partial).feed(wire) == [
+        relay.DataReceived(b"ab"),
+        relay.EofReceived(),
+    ]
+    assert relay.FrameDecoder(peer=True).feed(relay.heartbeat()) == []
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=6),
+    beats=st.lists(st.integers(min_value=0, max_value=6), max_size=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=10),
+)
+def test_heartbeats_anywhere_between_frames_change_no_event(
+    payloads: list[bytes], beats: list[int], cuts: list[int]
+) -> None:
+    frames = [relay.data(p) for p in payloads] + [relay.eof()]
+    for where in beats:
+        frames.insert(where % (len(frames) + 1), relay.heartbeat())
+    wire = b"".join(frames)
+    decoder = relay.FrameDecoder(partial=True)
+    events = fed(decoder, wire, cuts)
+    data = b"".join(e.data for e in events if isinstance(e, relay.DataReceived))
+    assert data == b"".join(payloads)
+    assert events[-1] == relay.EofReceived()
+
+
+def test_a_heartbeat_with_a_payload_is_refused_before_the_payload_arrives() -> None:
+    with pytest.raises(relay.FrameError, match="HEARTBEAT frame with a payload"):
+        relay.FrameDecoder(partial=True).feed(b"\x05\x00\x00\x00\x01")
+
+
+@pytest.mark.parametrize(
+    ("header", "interval"),
+    [
+        ("2", 2.0),
+        ("0.5", 0.5),
+        (" 60 ", 60.0),
+        (None, None),
+        ("", None),
+        ("soon", None),
+        ("0.01", None),
+        ("61", None),
+        ("nan", None),
+        ("inf", None),
+        ("-2", None),
+    ],
+)
+def test_the_heartbeat_header_names_a_bounded_interval(
+    header: str | None, interval: float | None
+) -> None:
+    assert relay.heartbeat_interval(header) == interval

@@ -171,6 +171,16 @@ def test_the_agent_daemonset_mounts_one_narrow_socket_directory() -> None:
     assert (rule["resources"], rule["verbs"]) == (["pods"], ["get", "list", "watch"])
 
 
+def test_a_nodes_new_agent_is_ready_before_its_old_one_stops() -> None:
+    # Kept consoles move to the new agent without waiting for it to start: the roll
+    # surges, which two agents on one node allow only without host ports.
+    daemonset = documents()[("DaemonSet", "subres-agent")]["spec"]
+    assert daemonset["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = daemonset["template"]["spec"]
+    assert not pod.get("hostNetwork")
+    assert all("hostPort" not in p for c in pod["containers"] for p in c.get("ports", []))
+
+
 def test_the_replicas_run_restricted_and_only_the_agents_namespace_admits_hostpaths() -> None:
     docs = documents()
     levels = {

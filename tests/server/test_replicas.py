@@ -14,14 +14,21 @@ import functools
 import hashlib
 import json
 import os
+import ssl
 import struct
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from subres.backends.agent import Request, open_relay
+from subres.backends.peer import PATH, UPGRADE, PeerStream
 from subres.demo.vnc import Display, VncServer
-from tests.server.replicas import as_user, echoes, owner_and_other, replicas, url
+from subres.engine.upgrade import UpgradedSocket
+from subres.protocol.relay import HEARTBEAT_HEADER as HEARTBEAT
+from subres.sessions import peer
+from subres.sessions.runtime import Who
+from tests.server.replicas import as_user, echoes, owner_and_other, replicas, unit, url
 from tests.support import GROUP_VERSION, Backend, relay_to_unix, wait_for
 
 
@@ -212,3 +219,58 @@ async def test_while_the_replicas_disagree_on_the_owner_the_client_gets_a_503_be
         )
         assert backend.accepted == 0
         assert not owner.state.sessions.live and not owner.state.sessions.exclusive
+
+
+async def test_a_front_that_falls_silent_is_dropped_by_the_owner_and_the_console_freed(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """As a network cut leaves it: a front that asked for heartbeats and sends none."""
+    beat = 0.2
+    async with replicas(tmp_path, backend) as (_, servers):
+        owner, _ = owner_and_other(servers)
+        context = ssl.create_default_context(cafile=str(tmp_path / "replica-ca.crt"))
+        context.load_cert_chain(tmp_path / "replica.crt", tmp_path / "replica.key")
+        who = Who(user="alice", groups=(), client="10.0.0.9", request_id="silent")
+        ask = peer.Ask(unit(), "writer", who, front="replica-gone")
+        stream = await open_relay(
+            lambda: PeerStream(owner="owner", high_water=1 << 18, write_timeout=30),
+            ("127.0.0.1", owner.peer_port),
+            context=context,
+            server_name="subres-replica",
+            connect_timeout=5,
+            request=Request(
+                PATH, UPGRADE, "subres-replica", [*peer.headers(ask), (HEARTBEAT, f"{beat:g}")]
+            ),
+        )
+        assert stream.answer[HEARTBEAT.lower()] == f"{beat:g}"
+        await wait_for(lambda: backend.open == 1 and bool(owner.state.sessions.exclusive))
+        # Never beaten: within four beats the owner lets go of the slot and the console.
+        await wait_for(lambda: backend.open == 0 and not owner.state.sessions.exclusive)
+        await stream.close()
+
+
+async def test_a_silent_owner_is_given_up_by_the_front_whose_client_is_told_to_come_back(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a network cut leaves it: an owner that agreed to heartbeats and sends none."""
+    beat = 0.2
+    # Owners answer `Subres-Heartbeat` but never beat; fronts (relay clients) still do.
+    monkeypatch.setattr(UpgradedSocket, "start_heartbeat", lambda *_: None)
+    heartbeat = {"session": {"relayHeartbeat": beat}}
+    async with (
+        replicas(tmp_path, backend, config=lambda _: heartbeat) as (_, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, front = owner_and_other(servers)
+        async with http.ws_connect(url(front, "console"), **as_user(tmp_path, "alice")) as ws:
+            await echoes(ws, b"up")
+            # Idle: within four beats of nothing the front lets go, telling its client why.
+            closed = await ws.receive(timeout=20 * beat)
+        assert closed.type is aiohttp.WSMsgType.CLOSE
+        assert ws.close_code == 1001
+        assert (
+            closed.extra
+            == f"the replica {owner.state.replica} owning this console stopped answering"
+        )
+        # The owner saw the front's side go and freed the slot and the console.
+        await wait_for(lambda: backend.open == 0 and not owner.state.sessions.exclusive)

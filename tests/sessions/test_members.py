@@ -140,6 +140,34 @@ async def test_an_unreachable_apiserver_freezes_the_view_instead_of_emptying_it(
         view.changed(0, lease("a", version="1"), deleted=False)
     assert members(view) == ("a", "b")
     api.down = False
-    await view.renew()  # back: b, which really stopped renewing, expires now
+    await view.renew()  # back: nobody could renew meanwhile, so b gets a member duration
     view.changed(0, lease("a", version="99"), deleted=False)
+    assert members(view) == ("a", "b")
+    for _ in range(2):
+        clock.now += 2.5
+        await view.renew()
+        assert members(view) == ("a", "b")
+    clock.now += 1.5  # b, which really stopped renewing, expires a member duration on
+    await view.renew()
     assert members(view) == ("a",)
+    assert view.owners.lost == frozenset({"b"})
+
+
+async def test_after_an_outage_a_live_peer_renewing_a_moment_later_never_drops_out() -> None:
+    clock, api = Clock(), Api()
+    view = membership(clock, api=api)
+    view.listed(1, [pod("a", 9000), pod("b", 9001)])
+    view.listed(0, [lease("b")])
+    await view.renew()
+    moves: list[tuple[str, ...]] = []
+    view.owners.on_change(moves.append)
+    api.down = True
+    for _ in range(5):
+        clock.now += 6
+        await view.renew()
+    api.down = False
+    await view.renew()  # a renews first...
+    clock.now += 1.5
+    view.changed(0, lease("b", version="2"), deleted=False)  # ...b a moment later
+    assert members(view) == ("a", "b")
+    assert moves == []

@@ -42,8 +42,11 @@ export function holder(items, subresource, unit = '') {
   return of(items, subresource, unit).find((i) => i.mode === mode) || null;
 }
 
+// In the order they joined (then by name): the list's own order is each replica's.
 export function observers(items, subresource, unit = '') {
-  return of(items, subresource, unit).filter((i) => i.mode === 'observer');
+  return of(items, subresource, unit)
+    .filter((i) => i.mode === 'observer')
+    .sort((a, b) => a.since.localeCompare(b.since) || a.user.localeCompare(b.user));
 }
 
 export function since(item) {

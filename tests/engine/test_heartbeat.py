@@ -1,0 +1,85 @@
+"""A relay's heartbeat: it beats every interval, gives a silent peer up after
+`MISSED_BEATS` of them, and never one it hears or does not read."""
+
+from __future__ import annotations
+
+import asyncio
+
+from subres.engine.heartbeat import Heartbeat
+from subres.protocol import relay
+
+INTERVAL = 0.02
+
+
+class Peer:
+    """What a connection tells its heartbeat, and what the heartbeat did to it."""
+
+    def __init__(self) -> None:
+        self.beats = 0
+        self.reading = True
+        self.expired: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.beaten = asyncio.Event()
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(INTERVAL, beat=self.beat, expire=self.expire, reading=lambda: self.reading)
+
+    def beat(self) -> None:
+        self.beats += 1
+        self.beaten.set()
+
+    def expire(self, reason: str) -> None:
+        self.expired.set_result(reason)
+        self.beaten.set()
+
+
+async def beats(peer: Peer, count: int) -> None:
+    async with asyncio.timeout(5):
+        while peer.beats < count and not peer.expired.done():
+            peer.beaten.clear()
+            await peer.beaten.wait()
+
+
+async def test_a_silent_peer_is_given_up_after_the_missed_beats() -> None:
+    peer = Peer()
+    heartbeat = peer.heartbeat()
+    heartbeat.start()
+    async with asyncio.timeout(5):
+        reason = await peer.expired
+    # A beat at the start and one per interval until the silence ran out, not one more.
+    assert peer.beats == relay.MISSED_BEATS
+    assert reason == f"nothing arrived for {INTERVAL * relay.MISSED_BEATS:g}s"
+
+
+async def test_a_peer_heard_from_is_kept_and_beaten_to() -> None:
+    peer = Peer()
+    heartbeat = peer.heartbeat()
+    heartbeat.start()
+    for count in range(2, 4 * relay.MISSED_BEATS):
+        await beats(peer, count)
+        heartbeat.heard()
+    assert not peer.expired.done()
+    heartbeat.stop()
+
+
+async def test_while_nothing_is_read_nothing_is_missed() -> None:
+    peer = Peer()
+    peer.reading = False
+    heartbeat = peer.heartbeat()
+    heartbeat.start()
+    await beats(peer, 4 * relay.MISSED_BEATS)
+    assert not peer.expired.done()
+    # Reading again, the count starts afresh: a whole silence before the peer is given up.
+    peer.reading = True
+    count = peer.beats
+    async with asyncio.timeout(5):
+        await peer.expired
+    assert peer.beats - count >= relay.MISSED_BEATS - 1
+
+
+async def test_a_stopped_heartbeat_neither_beats_nor_expires() -> None:
+    peer = Peer()
+    heartbeat = peer.heartbeat()
+    heartbeat.start()
+    heartbeat.stop()
+    await asyncio.sleep(INTERVAL * relay.MISSED_BEATS * 2)
+    assert peer.beats == 1 and not peer.expired.done()
