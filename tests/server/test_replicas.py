@@ -38,7 +38,15 @@ from tests.server.replicas import as_user, echoes, owner_and_other, replicas, un
 from tests.server.test_cluster import CLIENT_CA
 from tests.server.test_ssh_backend import CONSOLE
 from tests.ssh_support import SshServer, secret
-from tests.support import GROUP_VERSION, LOOPBACK_POLICY, Backend, machine, relay_to_unix, wait_for
+from tests.support import (
+    GROUP_VERSION,
+    LOOPBACK_POLICY,
+    Backend,
+    communicate,
+    machine,
+    relay_to_unix,
+    wait_for,
+)
 
 
 async def test_an_observer_on_one_replica_sees_byte_for_byte_what_a_writer_on_the_other_sees(
@@ -186,15 +194,8 @@ async def subres_console(tmp: Path, server: Server, stdin: bytes) -> tuple[int, 
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
-    try:
-        async with asyncio.timeout(30):
-            _, stderr = await cli.communicate(stdin)
-    finally:
-        if cli.returncode is None:
-            cli.kill()
-            await cli.wait()
-    assert cli.returncode is not None
-    return cli.returncode, stderr
+    code, _, stderr = await communicate(cli, stdin, bound=30)
+    return code, stderr
 
 
 def _console(server: Server) -> object:
