@@ -1,7 +1,7 @@
 """A small fake kube-apiserver on 127.0.0.1 over HTTPS, for cluster-mode tests.
 
 Answers list and watch of Machines, the authentication ConfigMap, TokenReview,
-SubjectAccessReview and Event creation with the real JSON shapes, and Leases
+SubjectAccessReview, Event creation and Secret reads with the real JSON shapes, and Leases
 as kube-apiserver keeps them (create, conditional replace and delete, list
 and watch by label), and counts every call. Tests steer it: add, change and
 delete objects, expire resource versions (410 Gone), send bookmarks, fail
@@ -35,6 +35,7 @@ SARS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 EVENTS = "/api/v1/namespaces/{namespace}/events"
 PODS = "/api/v1/namespaces/{namespace}/pods"
+SECRET = "/api/v1/namespaces/{namespace}/secrets/{name}"
 
 Json = dict[str, Any]
 
@@ -65,6 +66,8 @@ class FakeApiServer:
     configmaps: Collection = field(default_factory=Collection)
     leases: Collection = field(default_factory=Collection)
     pods: Collection = field(default_factory=Collection)
+    secrets: dict[tuple[str, str], Json] = field(default_factory=dict)
+    """Secrets by namespace and name (SSH credentials), read one GET at a time."""
     lease_error: int = 0
     """When set, Lease writes answer this status."""
     configmap_error: int = 0
@@ -194,6 +197,7 @@ class FakeApiServer:
         app.router.add_delete(LEASES + "/{name}", self._delete_lease)
         app.router.add_post(EVENTS, self._event)
         app.router.add_get(PODS, functools.partial(self._collection, coll=self.pods))
+        app.router.add_get(SECRET, self._secret)
         return app
 
     async def _collection(self, request: web.Request, *, coll: Collection) -> Any:
@@ -317,6 +321,13 @@ class FakeApiServer:
         if self.configmap_error:
             return _status(self.configmap_error, "configmaps is forbidden", "Forbidden")
         obj = self.configmaps.objects.get(("kube-system", "extension-apiserver-authentication"))
+        if obj is None:
+            return _status(404, "not found", "NotFound")
+        return web.json_response(obj)
+
+    async def _secret(self, request: web.Request) -> web.Response:
+        await self._count("get:secret")
+        obj = self.secrets.get((request.match_info["namespace"], request.match_info["name"]))
         if obj is None:
             return _status(404, "not found", "NotFound")
         return web.json_response(obj)

@@ -39,6 +39,7 @@ __all__ = [
     "Backend",
     "ServeProcess",
     "Standalone",
+    "communicate",
     "end_process",
     "free_port",
     "machine",
@@ -481,6 +482,22 @@ async def serve_process(
             proc.kill()
             await proc.wait()
         await asyncio.wait([server._reader], timeout=5)
+
+
+async def communicate(
+    proc: asyncio.subprocess.Process, stdin: bytes, *, bound: float
+) -> tuple[int, bytes, bytes]:
+    """Feed `stdin` to a child started with its streams piped and read it to its end,
+    killed past `bound` seconds: its exit code, stdout and stderr."""
+    try:
+        async with asyncio.timeout(bound):
+            out, err = await proc.communicate(stdin)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out, err
 
 
 async def end_process(

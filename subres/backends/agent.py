@@ -352,8 +352,8 @@ class RelayStream(UpgradedStream):
             else:
                 self.control(event)
 
-    def control(self, event: relay.ResizeReceived | relay.CloseReceived) -> None:
-        """A peer relay's RESIZE or CLOSE frame (an agent's decoder yields none)."""
+    def control(self, event: relay.Control) -> None:
+        """A peer relay's RESIZE, CLOSE or EXIT frame (an agent's decoder yields none)."""
 
     def refusal(self, status: int, body: bytes) -> Exception:
         """The exception for a non-101 answer."""

@@ -6,7 +6,9 @@ headers) and gets back a `PeerStream`: the `ByteStream` every session pumps,
 built on the agent relay's client (`backends.agent`). Besides bytes it
 carries a console's window size (`resize`, a RESIZE frame) and, from the
 owner, how the session ended for its client (a CLOSE frame, handed to the
-closer the session gave `attached`). A connection lost without EOF, ERROR
+closer the session gave `attached`) and the exit status of the command its
+backend ran (an EXIT frame before the EOF: `exit_code`, which the front's
+session reports as its own backend's). A connection lost without EOF, ERROR
 or CLOSE means the owner was lost: the client is closed with 1001.
 
 The replica's certificate (`subres certs`' `replica.*`) serves as client
@@ -51,7 +53,7 @@ class PeerRefused(BackendUnavailable):
 class PeerStream(RelayStream):
     """A session relayed to the replica that owns its unit."""
 
-    __slots__ = ("_closer", "_ended", "owner")
+    __slots__ = ("_closer", "_ended", "exit_code", "owner")
 
     def __init__(self, *, owner: str, high_water: int, write_timeout: float) -> None:
         super().__init__(
@@ -63,6 +65,8 @@ class PeerStream(RelayStream):
         self.owner = owner
         self._closer: Closer | None = None
         self._ended: tuple[int, str] | None = None
+        self.exit_code: int | None = None
+        """The owner's backend's exit status, once its EXIT frame came (read as a backend's)."""
 
     @property
     def recorded(self) -> bool:
@@ -90,9 +94,12 @@ class PeerStream(RelayStream):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(relay.resize(size.width, size.height))
 
-    def control(self, event: relay.ResizeReceived | relay.CloseReceived) -> None:
-        """The owner ended the session (a takeover, a move): close the client so."""
-        if isinstance(event, relay.CloseReceived):
+    def control(self, event: relay.Control) -> None:
+        """The owner's backend exited with a status, or it ended the session (a takeover, a
+        move): close the client so."""
+        if isinstance(event, relay.ExitReceived):
+            self.exit_code = event.code
+        elif isinstance(event, relay.CloseReceived):
             self._end(event.code, event.reason)
             SocketStream.eof_received(self)  # the relay's own waits for the connection's end
 

@@ -36,8 +36,11 @@ do not answer, never send one, so either side may be older than the other.
 Replicas relay sessions to each other with the same frames (`subres-peer.v1`,
 see `sessions.peer`) plus two types that only a decoder made with `peer`
 accepts: `RESIZE` (a console window's columns and rows, two big-endian
-16-bit numbers) and `CLOSE` (a close code, big-endian 16 bits, and its reason
-as UTF-8: the session ended, and why, in the client's terms).
+16-bit numbers), `CLOSE` (a close code, big-endian 16 bits, and its reason
+as UTF-8: the session ended, and why, in the client's terms) and `EXIT` (the
+exit status of the command the owner's backend ran, a big-endian signed
+32-bit number, sent just before the owner's `EOF`, so that the front reports
+it as a session of its own would).
 """
 
 from __future__ import annotations
@@ -58,9 +61,11 @@ __all__ = [
     "TRANSPORT_HEADER",
     "UPGRADE",
     "CloseReceived",
+    "Control",
     "DataReceived",
     "EofReceived",
     "ErrorReceived",
+    "ExitReceived",
     "FrameDecoder",
     "FrameError",
     "FrameType",
@@ -70,6 +75,7 @@ __all__ = [
     "data",
     "eof",
     "error",
+    "exit_status",
     "heartbeat",
     "heartbeat_interval",
     "resize",
@@ -109,6 +115,7 @@ class FrameType(enum.IntEnum):
     RESIZE = 3
     CLOSE = 4
     HEARTBEAT = 5
+    EXIT = 6
 
 
 class FrameError(ValueError):
@@ -150,10 +157,20 @@ class CloseReceived:
     reason: str
 
 
-Event = DataReceived | EofReceived | ErrorReceived | ResizeReceived | CloseReceived
+@dataclass(frozen=True)
+class ExitReceived:
+    """The exit status of the command the sender's backend ran (peer relays only)."""
+
+    code: int
+
+
+Event = DataReceived | EofReceived | ErrorReceived | ResizeReceived | CloseReceived | ExitReceived
+Control = ResizeReceived | CloseReceived | ExitReceived
+"""The events only a peer decoder yields."""
 
 _SIZE = struct.Struct(">HH")
 _CODE = struct.Struct(">H")
+_STATUS = struct.Struct(">i")
 _HEARTBEAT = _HEADER.pack(FrameType.HEARTBEAT, 0)
 
 
@@ -203,6 +220,12 @@ def close(code: int, reason: str) -> bytes:
     return _HEADER.pack(FrameType.CLOSE, len(payload)) + payload
 
 
+def exit_status(code: int) -> bytes:
+    """An EXIT frame: a command's exit status (clamped to a signed 32-bit number)."""
+    payload = _STATUS.pack(min(max(code, -(1 << 31)), (1 << 31) - 1))
+    return _HEADER.pack(FrameType.EXIT, len(payload)) + payload
+
+
 class FrameDecoder:
     """Bytes in, frame events out, whatever the chunking; heartbeats are consumed.
 
@@ -218,7 +241,7 @@ class FrameDecoder:
         self._buffer = bytearray()
         self._partial = partial
         self._peer = peer
-        """RESIZE and CLOSE frames are accepted (between replicas only)."""
+        """RESIZE, CLOSE and EXIT frames are accepted (between replicas only)."""
         self._remaining = 0
         """Payload bytes of the current DATA frame still to come (partial mode)."""
 
@@ -289,4 +312,8 @@ def _event(kind: int, payload: bytes, *, peer: bool) -> Event:
             raise FrameError("relay CLOSE frame without a code")
         (code,) = _CODE.unpack_from(payload)
         return CloseReceived(code, payload[_CODE.size :].decode(errors="replace"))
+    if peer and kind == FrameType.EXIT:
+        if len(payload) != _STATUS.size:
+            raise FrameError(f"relay EXIT frame of {len(payload)} bytes, not {_STATUS.size}")
+        return ExitReceived(*_STATUS.unpack(payload))
     raise FrameError(f"unknown relay frame type {kind}")

@@ -19,7 +19,8 @@ A refusal is the owner's `Status`, which the front answers its client before
 its own upgrade; 421 means "not the owner" (the views of the members
 differ for a moment), on which the front looks again and retries once. After
 101 the owner relays frames (`protocol.relay`, CLOSE when it ends the session:
-a takeover is 4001 with its reason). The front writes the audit lines,
+a takeover is 4001 with its reason; EXIT before its EOF when its backend ran a
+command whose exit status it knows). The front writes the audit lines,
 metrics and Events; the owner holds the slot and writes the recording (its
 101 says `Subres-Recorded: true`). For USB redirection the owner of the
 machine's slots chooses one and says which in its 101 (`Subres-Unit: 0`).
@@ -36,7 +37,7 @@ from typing import Protocol
 
 from subres.backends.peer import PeerRefused, PeerStream
 from subres.engine.pump import Traffic, pump
-from subres.engine.stream import ByteStream
+from subres.engine.stream import ByteStream, Terminal
 from subres.kube.status import StatusError
 from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
@@ -357,8 +358,9 @@ class FrameClient:
             elif isinstance(event, relay.EofReceived):
                 self._eof_due = not self._eof
                 self._eof = True
-            else:  # ERROR or CLOSE: the front's client is gone
-                self._gone = True
+            elif isinstance(event, relay.ErrorReceived | relay.CloseReceived):
+                self._gone = True  # the front's client is gone
+            # An EXIT means nothing here: only the owner's backend runs a command.
         return bytes(data)
 
     async def write(self, data: bytes) -> None:
@@ -366,9 +368,12 @@ class FrameClient:
         await self._carrier.write(relay.data(data))
 
     async def write_eof(self) -> None:
-        """The backend ended: the front's client sees the end."""
+        """The backend ended: the front's client sees the end, after the command's exit status
+        when the backend ran one (its client reports it as a local session would)."""
+        code = Terminal(self._backend).exit_code()
+        frames = relay.eof() if code is None else relay.exit_status(code) + relay.eof()
         with contextlib.suppress(OSError, RuntimeError):
-            await self._carrier.write(relay.eof())
+            await self._carrier.write(frames)
 
     async def abort(self, reason: str) -> None:
         """The backend failed: say why, and end."""

@@ -43,7 +43,7 @@ from tests.e2e import subresserver
 from tests.e2e.controlplane import APIError, ControlPlane, KubectlResult, poll, run_sync
 from tests.e2e.subresserver import GROUP, SERVER_NAME, VERSION, Subres
 from tests.gotools import kubepeer
-from tests.support import Backend, relay_to_unix
+from tests.support import Backend, communicate, relay_to_unix
 
 NS = "e2e-subres"
 """Namespace of the test Machines; group ``subres:users`` (alice) may use their subresources."""
@@ -777,14 +777,8 @@ async def exec_echo(kubeconfig: Path, path: str, payload: bytes, *, transport: s
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    try:
-        async with asyncio.timeout(PEER_TIMEOUT_S):
-            out, err = await proc.communicate(payload)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, err.decode(errors="replace")
+    code, out, err = await communicate(proc, payload, bound=PEER_TIMEOUT_S)
+    assert code == 0, err.decode(errors="replace")
     return out
 
 

@@ -78,13 +78,13 @@ def rfb_guard(data: bytes) -> None:
 
 def _frames(fdp: Provider, *, peer: bool) -> tuple[bytes, bytes, list[object], bool]:
     """A relay byte stream, the DATA payloads of its encoded frames, the other events they
-    make (heartbeats make none), and whether it holds nothing else (RESIZE and CLOSE frames
-    only between peers)."""
+    make (heartbeats make none), and whether it holds nothing else (RESIZE, CLOSE and EXIT
+    frames only between peers)."""
     stream, payloads = bytearray(), bytearray()
     others: list[object] = []
     clean = True
     for _ in range(fdp.ConsumeIntInRange(0, 10)):
-        choice = fdp.ConsumeIntInRange(0, 7 if peer else 5)
+        choice = fdp.ConsumeIntInRange(0, 8 if peer else 5)
         if choice == 6:
             width, height = fdp.ConsumeIntInRange(-1, 70000), fdp.ConsumeIntInRange(-1, 70000)
             stream += relay.resize(width, height)
@@ -95,6 +95,10 @@ def _frames(fdp: Provider, *, peer: bool) -> tuple[bytes, bytes, list[object], b
             code, reason = fdp.ConsumeIntInRange(0, 0xFFFF), fdp.ConsumeUnicodeNoSurrogates(40)
             stream += relay.close(code, reason)
             others.append(relay.CloseReceived(code, reason.encode()[:123].decode(errors="replace")))
+        elif choice == 8:
+            status = fdp.ConsumeIntInRange(-(1 << 33), 1 << 33)
+            stream += relay.exit_status(status)
+            others.append(relay.ExitReceived(min(max(status, -(1 << 31)), (1 << 31) - 1)))
         elif choice == 0:
             payload = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300))
             stream += relay.data(payload)
@@ -134,7 +138,7 @@ def _events(partial: bool, peer: bool, pieces: list[bytes]) -> list[relay.Event]
 
 def relay_framing(data: bytes) -> None:
     """Relay frames between a replica and an agent (streams, datagrams) or two replicas
-    (with RESIZE and CLOSE), in any chunking."""
+    (with RESIZE, CLOSE and EXIT), in any chunking."""
     fdp = atheris.FuzzedDataProvider(data)
     partial, peer = fdp.ConsumeBool(), fdp.ConsumeBool()
     relay.heartbeat_interval(fdp.ConsumeUnicodeNoSurrogates(12))  # any Subres-Heartbeat value
@@ -157,7 +161,7 @@ def relay_framing(data: bytes) -> None:
                 received += event.data
             elif isinstance(event, relay.ErrorReceived) and clean:
                 assert len(event.reason.encode("utf-8", "surrogatepass")) <= 4 * 1024
-            elif isinstance(event, relay.ResizeReceived | relay.CloseReceived):
+            elif isinstance(event, relay.Control):
                 assert peer, event  # an agent's decoder refuses them
                 seen.append(event)
         # Held back: at most one frame's header and payload.

@@ -104,18 +104,34 @@ def test_peer_frames_carry_a_window_size_and_a_close_code_with_its_reason() -> N
     ]
 
 
+def test_an_exit_frame_carries_a_signed_32_bit_status_before_the_eof() -> None:
+    assert relay.exit_status(3) == b"\x06\x00\x00\x00\x04\x00\x00\x00\x03"
+    assert relay.exit_status(-1) == b"\x06\x00\x00\x00\x04\xff\xff\xff\xff"
+    assert relay.exit_status(1 << 40) == b"\x06\x00\x00\x00\x04\x7f\xff\xff\xff"
+    wire = relay.data(b"bye") + relay.exit_status(130) + relay.eof()
+    assert relay.FrameDecoder(partial=True, peer=True).feed(wire) == [
+        relay.DataReceived(b"bye"),
+        relay.ExitReceived(130),
+        relay.EofReceived(),
+    ]
+
+
 @given(
     width=st.integers(0, 0xFFFF),
     height=st.integers(0, 0xFFFF),
     code=st.integers(0, 0xFFFF),
     reason=st.text(max_size=40),
+    status=st.integers(-(1 << 31), (1 << 31) - 1),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=6),
 )
-def test_peer_frames_round_trip(width: int, height: int, code: int, reason: str) -> None:
-    wire = relay.resize(width, height) + relay.close(code, reason)
-    events = relay.FrameDecoder(peer=True).feed(wire)
-    assert events[0] == relay.ResizeReceived(width, height)
-    assert isinstance(events[1], relay.CloseReceived) and events[1].code == code
-    assert reason.encode()[:123].decode(errors="replace") == events[1].reason
+def test_peer_frames_round_trip(
+    *, width: int, height: int, code: int, reason: str, status: int, cuts: list[int]
+) -> None:
+    wire = relay.resize(width, height) + relay.exit_status(status) + relay.close(code, reason)
+    events = fed(relay.FrameDecoder(partial=True, peer=True), wire, cuts)
+    assert events[:2] == [relay.ResizeReceived(width, height), relay.ExitReceived(status)]
+    assert isinstance(events[2], relay.CloseReceived) and events[2].code == code
+    assert reason.encode()[:123].decode(errors="replace") == events[2].reason
 
 
 @pytest.mark.parametrize(
@@ -123,6 +139,9 @@ def test_peer_frames_round_trip(width: int, height: int, code: int, reason: str)
     [
         (b"\x03\x00\x00\x00\x03abc", "RESIZE frame of 3 bytes"),
         (b"\x04\x00\x00\x00\x01x", "CLOSE frame without a code"),
+        (b"\x06\x00\x00\x00\x03abc", "EXIT frame of 3 bytes"),
+        (b"\x06\x00\x00\x00\x05abcde", "EXIT frame of 5 bytes"),
+        (b"\x06\x00\x00\x00\x00", "EXIT frame of 0 bytes"),
     ],
 )
 def test_hostile_peer_frames_are_refused(wire: bytes, message: str) -> None:
@@ -130,7 +149,9 @@ def test_hostile_peer_frames_are_refused(wire: bytes, message: str) -> None:
         relay.FrameDecoder(peer=True).feed(wire)
 
 
-@pytest.mark.parametrize("frame", [relay.resize(80, 24), relay.close(4001, "taken over")])
+@pytest.mark.parametrize(
+    "frame", [relay.resize(80, 24), relay.close(4001, "taken over"), relay.exit_status(3)]
+)
 def test_an_agent_relay_refuses_peer_frames(frame: bytes) -> None:
     with pytest.raises(relay.FrameError, match="unknown relay frame type"):
         relay.FrameDecoder().feed(frame)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import GROUP_VERSION, Standalone
+from tests.support import GROUP_VERSION, Standalone, communicate
 
 __all__ = [
     "ExecResult",
@@ -166,12 +166,5 @@ async def run_exec(
 ) -> ExecResult:
     """`kubepeer exec` against the console of machine `name`, feeding it `stdin`."""
     proc = await start_exec(peer, subres, name, transport=transport, tty=tty)
-    try:
-        async with asyncio.timeout(EXEC_TIMEOUT):
-            out, err = await proc.communicate(stdin)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return ExecResult(proc.returncode, out, err.decode(errors="replace"))
+    code, out, err = await communicate(proc, stdin, bound=EXEC_TIMEOUT)
+    return ExecResult(code, out, err.decode(errors="replace"))

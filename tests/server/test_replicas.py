@@ -3,7 +3,8 @@
 Two real cluster-mode replicas and their Pods in the fake apiserver
 (`tests.server.replicas`). Whichever replica a client reaches (its front),
 the console's owner holds the slot and the observers; what everyone sees is
-the same bytes, takeover and `preserveSession` work across replicas, and
+the same bytes, takeover and `preserveSession` work across replicas, a
+console command's exit status reaches the client as it does on the owner, and
 the sessions list is complete from either.
 """
 
@@ -16,20 +17,36 @@ import json
 import os
 import ssl
 import struct
+import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from subres.backends.agent import Request, open_relay
 from subres.backends.peer import PATH, UPGRADE, PeerStream
 from subres.demo.vnc import Display, VncServer
 from subres.engine.upgrade import UpgradedSocket
+from subres.kube.status import exited
 from subres.protocol.relay import HEARTBEAT_HEADER as HEARTBEAT
+from subres.server.run import Server
+from subres.serving import certs
 from subres.sessions import peer
 from subres.sessions.runtime import Who
 from tests.server.replicas import as_user, echoes, owner_and_other, replicas, unit, url
-from tests.support import GROUP_VERSION, Backend, relay_to_unix, wait_for
+from tests.server.test_cluster import CLIENT_CA
+from tests.server.test_ssh_backend import CONSOLE
+from tests.ssh_support import SshServer, secret
+from tests.support import (
+    GROUP_VERSION,
+    LOOPBACK_POLICY,
+    Backend,
+    communicate,
+    machine,
+    relay_to_unix,
+    wait_for,
+)
 
 
 async def test_an_observer_on_one_replica_sees_byte_for_byte_what_a_writer_on_the_other_sees(
@@ -97,6 +114,93 @@ async def test_preserve_session_is_refused_through_the_other_replica_before_dial
             url(other, "vnc", "?preserveSession=true"), **as_user(tmp_path, "bob")
         ) as kept:
             await echoes(kept, b"free now")
+
+
+async def v5_exit_status(ws: aiohttp.ClientWebSocketResponse, command: bytes) -> object:
+    """Type `command` on a v5 console; the Status of its error channel once the server closed."""
+    await ws.send_bytes(b"\x00" + command)
+    status = None
+    async with asyncio.timeout(10):
+        async for message in ws:
+            if message.type is aiohttp.WSMsgType.BINARY and message.data[:1] == b"\x03":
+                status = json.loads(message.data[1:])
+    assert ws.close_code == 1000
+    return status
+
+
+async def test_a_console_commands_exit_status_reaches_a_client_through_either_replica(
+    tmp_path: Path, backend: Backend
+) -> None:
+    ssh = await SshServer().start()
+    policy = LOOPBACK_POLICY | {"schemes": ["tcp", "ssh"]}
+    source = {"group": "subres.dev", "version": "v1alpha1"}
+    console_only = {"subresources": {"console": CONSOLE}, "source": source}
+    parents = [{"resource": "machines", "kind": "Machine", **console_only}]
+    try:
+        async with (
+            replicas(
+                tmp_path, backend, config=lambda _: {"endpointPolicy": policy, "parents": parents}
+            ) as (fake, servers),
+            aiohttp.ClientSession() as http,
+        ):
+            login: dict[str, bytes | str] = {"ssh-privatekey": ssh.keys.user_private()}
+            login["known_hosts"] = ssh.known_hosts()
+            fake.secrets["default", "login"] = secret("login", login)
+            console = {"endpoint": ssh.url, "sshSecret": "login"}
+            await fake.put(machine("vm", status={"console": console}))
+            await wait_for(lambda: all(_console(s) == console for s in servers))
+            owner, front = owner_and_other(servers)
+            statuses = []
+            for server in (owner, front):
+                async with http.ws_connect(
+                    url(server, "console"),
+                    protocols=("v5.channel.k8s.io",),
+                    **as_user(tmp_path, "alice"),
+                ) as ws:
+                    statuses.append(await v5_exit_status(ws, b"exit 3\r"))
+            code, stderr = await subres_console(tmp_path, front, b"exit 3\r")
+        assert statuses[0] == statuses[1]
+        assert statuses[1] == exited(3)  # NonZeroExitCode, its ExitCode cause 3
+        assert (code, b"exit code 3" in stderr) == (3, True), stderr
+        assert len(ssh.connections) == 1  # every session was the owner's, on one connection
+    finally:
+        await ssh.stop()
+
+
+async def subres_console(tmp: Path, server: Server, stdin: bytes) -> tuple[int, bytes]:
+    """`subres console vm` on `server` as alice (a client certificate), `stdin` piped:
+    its exit code and stderr."""
+    certs.issue_client(CLIENT_CA, user="alice", groups=[]).write(
+        tmp / "alice.crt", tmp / "alice.key"
+    )
+    cluster = {
+        "server": f"https://127.0.0.1:{server.port}",
+        "certificate-authority": "certs/ca.crt",
+    }
+    user = {"client-certificate": "alice.crt", "client-key": "alice.key"}
+    kubeconfig = tmp / "alice.kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump({
+            "clusters": [{"name": "front", "cluster": cluster}],
+            "users": [{"name": "alice", "user": user}],
+            "contexts": [{"name": "front", "context": {"cluster": "front", "user": "alice"}}],
+            "current-context": "front",
+        })
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | {"HOME": str(tmp)}
+    command = ["console", "vm", "-n", "default"]
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "subres", "--kubeconfig", str(kubeconfig), *command,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    code, _, stderr = await communicate(cli, stdin, bound=30)
+    return code, stderr
+
+
+def _console(server: Server) -> object:
+    vm = server.state.caches["machines"].get("default", "vm")
+    return vm and vm["status"].get("console")
 
 
 async def test_the_sessions_list_is_complete_from_either_replica_with_client_and_bytes(
