@@ -33,6 +33,7 @@ from subres.backends.stream import BackendUnavailable
 from subres.engine import client
 from subres.engine.client import UpgradedStream
 from subres.engine.heartbeat import Heartbeat
+from subres.engine.stream import Chunk
 from subres.protocol import relay
 
 __all__ = [
@@ -382,6 +383,10 @@ class RelayStream(UpgradedStream):
     async def write(self, data: bytes) -> None:
         """Send `data` as one frame (one datagram in datagram mode)."""
         await super().write(relay.data(data))
+
+    async def writelines(self, chunks: list[Chunk]) -> None:
+        """Send each chunk as a frame, all in one write."""
+        await super().writelines([relay.data(chunk) for chunk in chunks])
 
     async def write_eof(self) -> None:
         """Tell the agent we are done sending; its backend sees EOF."""

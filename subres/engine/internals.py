@@ -1,20 +1,21 @@
-"""The one place that touches private internals of aiohttp, asyncio, uvloop and asyncssh.
+"""The one place that touches private internals of our dependencies.
 
-subres needs five things no public API offers:
+subres needs five things no public API of aiohttp, asyncio, asyncssh or
+websockets offers:
 
 - `take_over`: the bytes after our own `101` for SPDY/3.1, which aiohttp does
   not know (its request handler's `set_parser`, as its own WebSocket
   support uses it);
 - `drain`: waiting for that connection's write buffer to drain
   (`_drain_helper` of aiohttp's protocol);
-- `binary_queued`: whether the next WebSocket message is already received,
-  so raw uploads batch several messages into one backend write (aiohttp's
-  message queue, `ws._reader._buffer`);
 - `share_ssl_read_buffer`: one TLS read buffer per process instead of
   asyncio's 256 KiB per connection (`asyncio.sslproto.SSLProtocol`);
 - `send_window`: how much an SSH server lets us send now (asyncssh's
   channel counter `_send_window`), so a forward waits for window instead of
-  queueing without bound.
+  queueing without bound;
+- `unmask`: websockets' C routine that XORs a WebSocket payload with its
+  mask (`websockets.speedups.apply_mask`), reading any buffer and writing
+  new bytes: the server's one pass over what a client uploads.
 
 On import, `check` verifies the shape each aiohttp and asyncio detail relies
 on and raises `InternalsChanged` naming what moved, so a changed dependency
@@ -33,14 +34,18 @@ import logging
 from asyncio import sslproto
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.web_protocol import RequestHandler
+
+try:
+    from websockets import speedups
+except ImportError:  # a build without its C extension: `check` names it
+    speedups = None  # type: ignore[assignment]
 
 __all__ = [
     "TESTED",
     "InternalsChanged",
-    "binary_queued",
     "check",
     "check_asyncssh",
     "check_version",
@@ -48,6 +53,7 @@ __all__ = [
     "send_window",
     "share_ssl_read_buffer",
     "take_over",
+    "unmask",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,7 @@ TESTED = {
     "aiohttp": ((3, 14), (3, 15)),
     "asyncssh": ((2, 17), (2, 25)),
     "uvloop": ((0, 21), (0, 24)),
+    "websockets": ((13, 0), (18, 0)),
 }
 """Versions (from, up to but excluding) whose internals this module was checked against."""
 
@@ -79,17 +86,9 @@ async def drain(request: web.Request) -> None:
     await request.protocol._drain_helper()
 
 
-def binary_queued(ws: web.WebSocketResponse) -> bool:
-    """Whether aiohttp already parsed the next message and it is binary data.
-
-    Then `receive()` returns it without waiting. Answers False whenever the
-    queue is not as expected, which only gives up the batching.
-    """
-    queue = getattr(getattr(ws, "_reader", None), "_buffer", None)
-    try:
-        return bool(queue) and queue[0][0].type is WSMsgType.BINARY  # type: ignore[index]
-    except (TypeError, IndexError, AttributeError):
-        return False
+def unmask(data: memoryview, mask: bytes) -> bytes:
+    """`data` XOR the repeated 4-byte `mask`, as new bytes (SSE2 in C)."""
+    return speedups.apply_mask(data, mask)
 
 
 def share_ssl_read_buffer() -> None:
@@ -159,10 +158,12 @@ def check() -> None:
         ),
         "asyncio SSLProtocol._ssl_buffer_view": "_ssl_buffer_view"
         in sslproto.SSLProtocol.__init__.__code__.co_names,
+        "websockets speedups.apply_mask": callable(getattr(speedups, "apply_mask", None)),
     }
     if missing := [name for name, present in expected.items() if not present]:
         raise InternalsChanged(f"private internals subres relies on are gone: {', '.join(missing)}")
     check_version("aiohttp")
+    check_version("websockets")
 
 
 check()

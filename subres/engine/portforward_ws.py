@@ -18,12 +18,13 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from aiohttp import WSMsgType, web
-
-from subres.engine.websocket import CloseCode, WebSocketEnd, close_websocket, take_queued
+from subres.engine.stream import Chunk
+from subres.engine.websocket import CloseCode, WebSocketEnd, whole_message
+from subres.engine.wsserver import ServerWebSocket
 from subres.protocol import channels
 from subres.protocol import portforward_ws as wire
-from subres.protocol.channels import Dialect
+from subres.protocol.channels import Dialect, Framing
+from subres.protocol.websocket import Opcode
 
 __all__ = ["HALF_CLOSE_LINGER", "PORT_LINGER", "ChannelMux", "PortChannel", "RawWebSocket"]
 
@@ -36,24 +37,22 @@ PORT_LINGER = 1.0
 PORT_QUEUE = 4
 """Client messages held per port; a slow port holds up the WebSocket, as kubelet's pipes do."""
 
-_ENDED = frozenset({WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR})
-
 
 class RawWebSocket(WebSocketEnd):
-    """A `ClientStream` over a prepared raw binary `WebSocketResponse` made with autoclose off."""
+    """A `ClientStream` over a raw binary `ServerWebSocket` made with autoclose off."""
 
     def __init__(
-        self, ws: web.WebSocketResponse, *, linger: float = HALF_CLOSE_LINGER, batch: bool = False
+        self, ws: ServerWebSocket, *, linger: float = HALF_CLOSE_LINGER, stream: bool = False
     ) -> None:
         super().__init__(ws)
         self._linger = linger
-        self._batch = batch
-        """A byte stream (TCP): join messages already received into one read."""
+        self._stream = stream
+        """A byte stream (TCP): hand on pieces as received; else each message is a datagram."""
         self._half_closed = False
         self._ended = asyncio.Event()
 
     async def read(self) -> bytes:
-        """The next message's bytes; b"" at the client's close frame, and again once it is gone."""
+        """The next bytes; b"" at the client's close frame, and again once it is gone."""
         if self._half_closed:
             # Only our close (after the backend ended) or the linger ends a half-closed client.
             with contextlib.suppress(TimeoutError):
@@ -61,27 +60,33 @@ class RawWebSocket(WebSocketEnd):
             self._gone = True
             return b""
         while not self.gone:
-            msg = await self.ws.receive()
-            if msg.type is WSMsgType.BINARY and msg.data:
-                if not self._batch:
-                    return bytes(msg.data)
-                data, ended = await take_queued(self.ws, bytes(msg.data))
-                self._gone = self._gone or ended
-                return data
-            if msg.type is WSMsgType.TEXT and msg.data:
-                return str(msg.data).encode()
-            if msg.type is WSMsgType.CLOSE:
-                self._half_closed = True
+            piece = await self.ws.receive()
+            if piece is None:
+                if self.ws.close_received and not self.ws.closed:
+                    self._half_closed = True
+                else:
+                    self._gone = True
                 return b""
-            if msg.type in _ENDED:
-                self._gone = True
+            if self._stream or piece.text:
+                data = piece.data
+            else:
+                data, _ = await whole_message(self.ws, piece)
+            if data:
+                return data
         return b""
+
+    async def read_gathered(self) -> list[Chunk]:
+        """The next bytes and, for a byte stream, those received after them; [] as `read`'s b""."""
+        first = await self.read()
+        if not first:
+            return []
+        return [first, *self.ws.take_ready()] if self._stream else [first]
 
     async def write(self, data: bytes) -> None:
         """Send `data` as one binary message; waits while the client is slow."""
         try:
-            await self.ws.send_bytes(data)
-        except (OSError, RuntimeError):
+            await self.ws.send(data)
+        except OSError:
             # The client vanished: a half-closed read must not wait out the linger.
             self._gone = True
             self._ended.set()
@@ -142,7 +147,7 @@ class PortChannel:
 
     async def write(self, data: bytes) -> None:
         """Send backend bytes on the port's data channel."""
-        await self._mux.send(wire.data_message(self._mux.dialect, self.index, data))
+        await self._mux.send_data(self.index, data)
 
     async def write_eof(self) -> None:
         """The backend ended: take client input a little longer, as containerd does, then stop."""
@@ -174,9 +179,9 @@ class PortChannel:
 
 
 class ChannelMux:
-    """Several forwarded ports on one prepared channel `WebSocketResponse`."""
+    """Several forwarded ports on one channel `ServerWebSocket` (binary ones with `prefix`)."""
 
-    def __init__(self, ws: web.WebSocketResponse, dialect: Dialect, ports: Sequence[int]) -> None:
+    def __init__(self, ws: ServerWebSocket, dialect: Dialect, ports: Sequence[int]) -> None:
         self.ws = ws
         self.dialect = dialect
         self.ports = [PortChannel(self, index, port) for index, port in enumerate(ports)]
@@ -193,22 +198,25 @@ class ChannelMux:
 
     async def receive(self) -> None:
         """Route client messages to their ports until the WebSocket ends, then end their input."""
-        clean = False
+        binary = self.dialect.framing is Framing.BINARY
         try:
-            while not self.ws.closed:
-                msg = await self.ws.receive()
-                if msg.type not in (WSMsgType.BINARY, WSMsgType.TEXT):
-                    clean = msg.type is WSMsgType.CLOSE
-                    break
+            while (piece := await self.ws.receive()) is not None:
+                if binary and not piece.text:
+                    # Port data is a byte stream: pieces go on as they came.
+                    channel = piece.channel
+                    if piece.data and channel % 2 == 0 and 0 <= channel < 2 * len(self.ports):
+                        await self.ports[channel // 2].deliver(piece.data)
+                    continue
+                message, _ = await whole_message(self.ws, piece)
                 try:
-                    event = wire.decode(self.dialect, msg.data, port_count=len(self.ports))
+                    event = wire.decode(self.dialect, message, port_count=len(self.ports))
                 except channels.ChannelError as exc:
                     await self.close(CloseCode.PROTOCOL_ERROR, str(exc))
                     break
                 if event is not None and event.data:
                     await self.ports[event.index].deliver(event.data)
         finally:
-            await self._end_input(clean=clean)
+            await self._end_input(clean=self.ws.close_received)
 
     async def _end_input(self, *, clean: bool) -> None:
         for port in self.ports:
@@ -221,10 +229,17 @@ class ChannelMux:
     async def send(self, message: bytes | str) -> None:
         """One message; waits while the client is slow."""
         if isinstance(message, str):
-            await self.ws.send_str(message)
+            await self.ws.send(message.encode(), Opcode.TEXT)
         else:
-            await self.ws.send_bytes(message)
+            await self.ws.send(message)
+
+    async def send_data(self, index: int, data: bytes) -> None:
+        """Bytes for the port at `index` on its data channel."""
+        if self.dialect.framing is Framing.BINARY:
+            await self.ws.send_channel(wire.data_channel(index), data)
+        else:
+            await self.send(wire.data_message(self.dialect, index, data))
 
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         """Close the WebSocket; every port's input ends."""
-        await close_websocket(self.ws, code, reason)
+        await self.ws.close(code, reason)

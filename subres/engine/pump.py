@@ -15,13 +15,22 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from subres.engine.stream import ByteStream
+from subres.engine.stream import ByteStream, Chunk
 
-__all__ = ["END_GRACE", "ClientStream", "Ending", "Outcome", "Traffic", "pump"]
+__all__ = [
+    "END_GRACE",
+    "ClientStream",
+    "Ending",
+    "Gathering",
+    "Outcome",
+    "Traffic",
+    "WritesLines",
+    "pump",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,23 @@ class ClientStream(ByteStream, Protocol):
 
     async def abort(self, reason: str) -> None:
         """End the session from our side because something failed."""
+        ...
+
+
+class Gathering(Protocol):
+    """A client stream that can hand over everything received so far, as it came."""
+
+    async def read_gathered(self) -> list[Chunk]:
+        """What `read` would return, as the chunks it arrived in (views, not copies);
+        [] where `read` returns b""."""
+        ...
+
+
+class WritesLines(Protocol):
+    """A backend that writes several chunks in one system call."""
+
+    async def writelines(self, chunks: list[Chunk]) -> None:
+        """Write `chunks` in order, waiting while the peer is slow."""
         ...
 
 
@@ -159,19 +185,39 @@ def _outcome(down: asyncio.Task[Outcome], failure: str) -> Outcome:
 
 
 async def _up(client: ClientStream, backend: ByteStream, traffic: Traffic) -> None:
+    read, write = _gathered(client, backend)
     eof_sent = False
     while True:
-        chunk = await client.read()
-        if chunk:
+        chunks = await read()
+        if chunks:
             if not eof_sent:
-                await _to_backend(backend.write(chunk))
-                traffic.up += len(chunk)
+                await _to_backend(write(chunks))
+                traffic.up += sum(map(len, chunks))
                 traffic.last_up = time.monotonic()
         elif client.gone:
             return
         elif not eof_sent:
             await _to_backend(backend.write_eof())
             eof_sent = True
+
+
+def _gathered(
+    client: ClientStream, backend: ByteStream
+) -> tuple[Callable[[], Awaitable[list[Chunk]]], Callable[[list[Chunk]], Awaitable[None]]]:
+    """How the upload reads and writes: what arrived together leaves together in one
+    gathered write when both ends can (nothing joined), else chunk by chunk."""
+    # By attribute, not isinstance: a runtime-checked Protocol costs ~9 µs per check.
+    if hasattr(client, "read_gathered") and hasattr(backend, "writelines"):
+        return cast(Gathering, client).read_gathered, cast(WritesLines, backend).writelines
+
+    async def read() -> list[Chunk]:
+        chunk = await client.read()
+        return [chunk] if chunk else []
+
+    def write(chunks: list[Chunk]) -> Awaitable[None]:
+        return backend.write(cast(bytes, chunks[0]))
+
+    return read, write
 
 
 async def _to_backend(write: Awaitable[None]) -> None:

@@ -17,6 +17,8 @@ import socket
 import struct
 from typing import cast
 
+from subres.engine.stream import Chunk
+
 __all__ = ["CLOSE_GRACE", "SocketStream", "Stalled"]
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,16 @@ class SocketStream(asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError(f"{self._peer} connection is closed")
         self._transport.write(data)
+        await self._drain(self._transport)
+
+    async def writelines(self, chunks: list[Chunk]) -> None:
+        """Write `chunks` in one gathered write (`writev`), then wait as `write` does.
+
+        A subclass whose `write` frames its data must frame these too.
+        """
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError(f"{self._peer} connection is closed")
+        self._transport.writelines(chunks)
         await self._drain(self._transport)
 
     async def _drain(self, transport: asyncio.Transport) -> None:

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from subres.engine.stream import Chunk
 from subres.protocol.spdy import (
     ConnectionTerminated,
     DataReceived,
@@ -105,8 +106,9 @@ class SpdyStream:
         self.stream_id = stream_id
         self.headers = headers
         """The peer's SYN_STREAM headers; empty on a stream this end opened."""
-        # Received payloads as they came, joined only when read: one copy at most.
-        self._chunks: list[bytes] = []
+        # Received payloads as they came (views of the carrier's reads), joined only
+        # when read as bytes: `read_gathered` hands them on as they are.
+        self._chunks: list[Chunk] = []
         self._size = 0
         self._changed = asyncio.Event()
         self._eof_read = False
@@ -166,17 +168,21 @@ class SpdyStream:
 
     async def read(self) -> bytes:
         """The bytes received since the last read; see the class docstring for b""."""
+        chunks = await self.read_gathered()
+        return bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
+
+    async def read_gathered(self) -> list[Chunk]:
+        """What `read` returns, as the pieces it arrived in; [] for its b""."""
         while True:
             if self._chunks:
                 chunks = self._chunks
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 self._chunks = []
                 self._size = 0
                 self.session._drained(self)
-                return data
+                return chunks
             if self.gone or (self._remote_ended and not self._eof_read):
                 self._eof_read = True
-                return b""
+                return []
             await self._wait()
 
     async def write(self, data: bytes) -> None:
@@ -206,7 +212,7 @@ class SpdyStream:
 
     # -- the session's side --------------------------------------------------
 
-    def _received(self, data: bytes) -> None:
+    def _received(self, data: Chunk) -> None:
         self._chunks.append(data)
         self._size += len(data)
         self._changed.set()

@@ -15,9 +15,12 @@ from typing import Protocol
 
 from subres.protocol.channels import ChannelError, parse_resize
 
-__all__ = ["CLOSE_LINGER", "ByteStream", "Terminal", "linger"]
+__all__ = ["CLOSE_LINGER", "ByteStream", "Chunk", "Terminal", "linger"]
 
 log = logging.getLogger(__name__)
+
+Chunk = bytes | memoryview
+"""Received bytes as a gathering reader hands them on: a view when cut from a larger read."""
 
 CLOSE_LINGER = 5.0
 """Seconds a closing connection waits for the peer to hang up first.

@@ -2,17 +2,17 @@
 
 kubectl 1.31 and later send port-forward's SPDY byte stream in binary
 WebSocket messages (`SPDY/3.1+portforward.k8s.io`). `WebSocketCarrier` turns
-any `Messages` (the server's aiohttp WebSocket through
+any `Messages` (the server's WebSocket through
 `subres.engine.websocket.ServerMessages`, the CLI's `ClientWebSocket` as it
 is) into the byte carrier `subres.engine.spdy` runs over. Message boundaries
-mean nothing; a close (or anything but binary) is the end.
+mean nothing, so payloads go on as they were received, never joined; a close
+(or anything but binary) is the end.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from subres.engine.spdy import WRITE_CHUNK
 from subres.engine.stream import linger
 
 __all__ = ["Messages", "WebSocketCarrier"]
@@ -23,10 +23,6 @@ class Messages(Protocol):
 
     async def next_binary(self) -> bytes | None:
         """The next message's payload if it is binary; None at the end or for anything else."""
-        ...
-
-    def binary_ready(self) -> bool:
-        """A binary message was received and `next_binary` returns it without waiting."""
         ...
 
     async def send_binary(self, data: bytes) -> None:
@@ -52,25 +48,15 @@ class WebSocketCarrier:
         self._ended = False
 
     async def read(self) -> bytes:
-        """The payloads of the binary messages that arrived, up to about `WRITE_CHUNK` bytes.
-
-        Waits for one non-empty message, then takes those already received
-        (client-go sends a frame's header and payload as separate small
-        messages). b"" at the end.
-        """
-        parts: list[bytes] = []
-        size = 0
+        """The next binary payload as it was received (a message or a piece of one, never
+        joined: the SPDY parser takes chunks of any size); b"" at the end."""
         while not self._ended:
-            if parts and (size >= WRITE_CHUNK or not self.messages.binary_ready()):
-                break
             data = await self.messages.next_binary()
             if data is None:
                 self._ended = True
-                break
-            if data:
-                parts.append(data)
-                size += len(data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            elif data:
+                return data
+        return b""
 
     async def write(self, data: bytes) -> None:
         """One binary message."""

@@ -1,17 +1,21 @@
-"""The raw bytes of an aiohttp connection after our own `101 Switching Protocols`.
+"""The bytes of an aiohttp connection after our own `101 Switching Protocols`.
 
-aiohttp upgrades WebSockets itself but knows nothing of SPDY/3.1: its HTTP
-parser would read the client's first SPDY frame as a new request. As
-aiohttp's `WebSocketResponse` does, we install our own payload parser on the
-request's protocol BEFORE the 101 goes out (`internals.take_over`), so every
-byte after the request reaches us; aiohttp keeps the transport and still sees
-the connection close.
+aiohttp's HTTP parser would read a client's first frame after an upgrade as
+a new request. `switch` answers the 101 after installing our own payload
+parser on the request's protocol (`internals.take_over`, as aiohttp's own
+WebSocket support does), so every byte after the request reaches us, the
+ones read together with it included; aiohttp keeps the transport and still
+sees the connection close. `UpgradedSocket` is such a parser that hands the
+bytes on as a byte carrier (SPDY/3.1); the WebSocket server
+(`subres.engine.wsserver`) takes the transport itself once the 101 is out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Iterable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -19,10 +23,22 @@ from subres.engine import internals
 from subres.engine.heartbeat import Heartbeat
 from subres.engine.stream import linger
 
-__all__ = ["READ_HIGH_WATER", "UpgradedSocket", "upgrade"]
+__all__ = ["READ_HIGH_WATER", "Parser", "UpgradedSocket", "switch", "upgrade"]
 
 READ_HIGH_WATER = 256 * 1024
 """Bytes received and not yet read before the socket stops reading."""
+
+
+class Parser(Protocol):
+    """What aiohttp's protocol feeds the bytes after the request to."""
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        """Take `data`; return `(False, b"")`."""
+        ...
+
+    def feed_eof(self) -> None:
+        """The connection ended."""
+        ...
 
 
 class UpgradedSocket:
@@ -34,8 +50,8 @@ class UpgradedSocket:
         if transport is None:
             raise ConnectionResetError("the client went away before the upgrade")
         self._transport = transport
-        # Chunks as the transport delivered them, joined only when read.
-        self._chunks: list[bytes] = []
+        # Chunks as the transport delivered them, read one at a time: never joined.
+        self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._eof = False
         self._waiter: asyncio.Future[None] | None = None
@@ -87,23 +103,18 @@ class UpgradedSocket:
             self._waiter.set_result(None)
 
     async def read(self) -> bytes:
-        """What arrived since the last read; b"" once the client is gone."""
+        """The next chunk as it arrived; b"" once the client is gone."""
         while not self._chunks and not self._eof:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        chunks = self._chunks
-        if not chunks:
-            data = b""
-        elif len(chunks) == 1:
-            data = bytes(chunks[0])
-        else:
-            data = b"".join(chunks)
-        self._chunks = []
-        self._size = 0
-        if self._paused and not self._transport.is_closing():
+        if not self._chunks:
+            return b""
+        data = self._chunks.popleft()
+        self._size -= len(data)
+        if self._paused and self._size < READ_HIGH_WATER // 2 and not self._transport.is_closing():
             self._paused = False
             self._transport.resume_reading()
         return data
@@ -130,16 +141,23 @@ class UpgradedSocket:
         self._transport.close()
 
 
-async def upgrade(
-    request: web.Request, headers: Iterable[tuple[str, str]]
-) -> tuple[web.StreamResponse, UpgradedSocket]:
-    """Answer `101` with `headers` and take over the connection's bytes."""
+async def switch(
+    request: web.Request, headers: Iterable[tuple[str, str]], parser: Parser
+) -> web.StreamResponse:
+    """Answer `101` with `headers`; from then on `parser` gets the connection's bytes."""
     response = web.StreamResponse(status=101)
     for name, value in headers:
         response.headers.add(name, value)
     # Neither keep-alive nor a further request: the connection is ours now.
     response.force_close()
-    socket = UpgradedSocket(request)
-    internals.take_over(request, socket)
+    internals.take_over(request, parser)
     await response.prepare(request)
-    return response, socket
+    return response
+
+
+async def upgrade(
+    request: web.Request, headers: Iterable[tuple[str, str]]
+) -> tuple[web.StreamResponse, UpgradedSocket]:
+    """Answer `101` with `headers` and carry the connection's bytes."""
+    socket = UpgradedSocket(request)
+    return await switch(request, headers, socket), socket

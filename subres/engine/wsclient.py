@@ -154,10 +154,6 @@ class ClientWebSocket:
             return None
         return message if isinstance(message, bytes) else None
 
-    def binary_ready(self) -> bool:
-        """A binary message was received and is waiting to be read."""
-        return bool(self._messages) and isinstance(self._messages[0], bytes)
-
     async def send_binary(self, data: bytes) -> None:
         """Send one binary message."""
         await self.send(data)

@@ -174,7 +174,7 @@ _STATUS = struct.Struct(">i")
 _HEARTBEAT = _HEADER.pack(FrameType.HEARTBEAT, 0)
 
 
-def data(payload: bytes) -> bytes:
+def data(payload: bytes | memoryview) -> bytes:
     """A DATA frame carrying `payload`, as one write.
 
     Joined even when large: the relay always runs over TLS, where a header

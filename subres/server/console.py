@@ -95,7 +95,9 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
     backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
     if tail is not None and not _replays(state, target, backend):
         # Said, not refused: the session is what was asked for, less a replay.
-        ws.headers.add(hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
+        ws.headers.append(
+            (hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
+        )
     return await streaming.serve(
         state,
         request,

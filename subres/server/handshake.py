@@ -15,10 +15,15 @@ upgrade: kube-apiserver's proxy turns any answer to an upgrade below 400 but
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from aiohttp import hdrs, web
 
+from subres.engine.wsserver import WebSocketUpgrade
 from subres.kube import status
 from subres.kube.status import StatusError
+from subres.protocol.channels import Dialect, Framing
 from subres.server.state import State
 
 __all__ = [
@@ -45,25 +50,29 @@ def offered_subprotocols(request: web.Request) -> list[str]:
 
 
 def websocket_response(
-    state: State, request: web.Request, *, what: str, subprotocol: str, autoclose: bool = True
-) -> web.WebSocketResponse:
-    """A response ready to upgrade `request` to a WebSocket speaking `subprotocol` ("" none).
+    state: State,
+    request: web.Request,
+    *,
+    what: str,
+    subprotocol: str | Dialect,
+    autoclose: bool = True,
+) -> WebSocketUpgrade:
+    """The upgrade of `request` to a WebSocket speaking `subprotocol` ("" none), to accept later.
 
     Raises a 400 (426 for another WebSocket version) Status naming `what`
-    when the request is not a well-formed WebSocket upgrade.
+    when the request is not a well-formed WebSocket upgrade. A channel
+    dialect's binary messages start with their channel byte (`prefix`).
     """
     check(request, what=what)
     session = state.config.session
-    ws = web.WebSocketResponse(
-        protocols=(subprotocol,) if subprotocol else (),
-        compress=False,
-        heartbeat=session.ping_interval,
-        max_msg_size=session.max_message,
+    dialect = subprotocol if isinstance(subprotocol, Dialect) else None
+    return WebSocketUpgrade(
+        subprotocol=subprotocol.name if isinstance(subprotocol, Dialect) else subprotocol,
+        max_message=session.max_message,
+        ping_interval=session.ping_interval,
+        prefix=dialect is not None and dialect.framing is Framing.BINARY,
         autoclose=autoclose,
     )
-    if not ws.can_prepare(request).ok:
-        raise StatusError(400, f"malformed WebSocket upgrade request for {what}")
-    return ws
 
 
 def dry_run(request: web.Request) -> bool:
@@ -96,3 +105,15 @@ def check(request: web.Request, *, what: str) -> None:
             f"{what}: unsupported WebSocket version; this server speaks {VERSION}",
             headers=[(hdrs.SEC_WEBSOCKET_VERSION, VERSION)],
         )
+    connection = ",".join(request.headers.getall(hdrs.CONNECTION, [])).lower()
+    if "upgrade" not in (token.strip() for token in connection.split(",")):
+        raise StatusError(400, f"{what}: a WebSocket upgrade needs Connection: Upgrade")
+    if not _valid_key(request.headers.get(hdrs.SEC_WEBSOCKET_KEY, "")):
+        raise StatusError(400, f"{what}: Sec-WebSocket-Key is not 16 bytes in base64")
+
+
+def _valid_key(key: str) -> bool:
+    try:
+        return len(base64.b64decode(key.strip(), validate=True)) == 16
+    except (binascii.Error, ValueError):
+        return False

@@ -65,16 +65,16 @@ async def handle_tunnel(state: State, request: web.Request) -> web.StreamRespons
         state, request, what="portforward", subprotocol=pairs.TUNNEL_PROTOCOL
     )
     granted = await limited.admit(state, who(request), target=target)
-    await ws.prepare(request)
+    response, conn = await ws.accept(request)
     await _serve(
         state,
         request,
         target,
-        WebSocketCarrier(ServerMessages(ws), linger=True),
+        WebSocketCarrier(ServerMessages(conn), linger=True),
         dialect=pairs.TUNNEL_PROTOCOL,
         limits=granted,
     )
-    return ws
+    return response
 
 
 def refusal(exc: httpstream.HandshakeRefused) -> StatusError:

@@ -56,20 +56,20 @@ async def handle_channels(state: State, request: web.Request) -> web.StreamRespo
     if dialect is None:
         supported = ", ".join(name for name in wire.DIALECTS if name)
         raise StatusError(400, f"unsupported subprotocols for portforward; supported: {supported}")
-    ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect.name)
+    ws = handshake.websocket_response(state, request, what=SUBRESOURCE, subprotocol=dialect)
     granted = await limited.admit(state, who(request), target=target)
-    ws.headers.update(limits.headers(granted))
+    ws.headers.extend(limits.headers(granted).items())
     vetted = {
         port: await subresource.vet(state, target, subresource.forward_url(target, port))
         for port in set(ports)
     }
-    await ws.prepare(request)
-    mux = ChannelMux(ws, dialect, ports)
+    response, conn = await ws.accept(request)
+    mux = ChannelMux(conn, dialect, ports)
     async with session.live(
         state, who(request), target=target, dialect=dialect.name, client=mux, limits=granted
     ) as live:
         await live.run(_forward_ports(state, target, mux, vetted, live.record.traffic))
-    return ws
+    return response
 
 
 async def _forward_ports(
@@ -132,11 +132,11 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
         state, request, what=SUBRESOURCE, subprotocol=dialect.name, autoclose=False
     )
     granted = await limited.admit(state, who(request), target=target)
-    ws.headers.update(limits.headers(granted))
+    ws.headers.extend(limits.headers(granted).items())
     backend = await subresource.connect(state, target, url, protocol=protocol)
     try:
-        await ws.prepare(request)
-        client = RawWebSocket(ws, batch=protocol == "tcp")
+        response, conn = await ws.accept(request)
+        client = RawWebSocket(conn, stream=protocol == "tcp")
         async with session.live(
             state,
             who(request),
@@ -150,7 +150,7 @@ async def handle_port(state: State, request: web.Request) -> web.StreamResponse:
                 await client.close()
     finally:
         await backend.close()
-    return ws
+    return response
 
 
 def _path_port(text: str) -> int:

@@ -14,6 +14,7 @@ from aiohttp import web
 from subres.engine.pump import pump
 from subres.engine.stream import ByteStream, Terminal
 from subres.engine.websocket import WebSocketClient
+from subres.engine.wsserver import WebSocketUpgrade
 from subres.kube.status import StatusError
 from subres.protocol import channels
 from subres.protocol.channels import Dialect
@@ -28,8 +29,8 @@ __all__ = ["negotiate", "serve"]
 
 def negotiate(
     state: State, request: web.Request, subresource: str, supported: Sequence[str]
-) -> tuple[web.WebSocketResponse, Dialect]:
-    """A WebSocket response ready to prepare and the dialect chosen (400 otherwise)."""
+) -> tuple[WebSocketUpgrade, Dialect]:
+    """A WebSocket upgrade ready to accept and the dialect chosen (400 otherwise)."""
     handshake.check(request, what=subresource)
     offered = handshake.offered_subprotocols(request)
     dialect = channels.negotiate(offered, supported)
@@ -38,7 +39,7 @@ def negotiate(
         raise StatusError(
             400, f"unsupported subprotocols {offered} for {subresource}; supported: {listed}"
         )
-    ws = handshake.websocket_response(state, request, what=subresource, subprotocol=dialect.name)
+    ws = handshake.websocket_response(state, request, what=subresource, subprotocol=dialect)
     return ws, dialect
 
 
@@ -47,23 +48,22 @@ async def serve(
     request: web.Request,
     *,
     target: Target,
-    ws: web.WebSocketResponse,
+    ws: WebSocketUpgrade,
     dialect: Dialect,
     backend: ByteStream,
     exclusive: bool,
     preserve: bool = False,
     mode: str = "",
     owner: bool = True,
-) -> web.WebSocketResponse:
+) -> web.StreamResponse:
     """Take the session's slot, upgrade, then pump between the client and `backend`.
 
     `owner` False: `backend` relays to the replica that owns the unit, which
     holds the slot and records.
     """
-    client = WebSocketClient(ws, dialect, terminal=Terminal(backend))
     try:
         granted = await limited.admit(state, who(request), target=target, mode=mode)
-        ws.headers.update(limits.headers(granted))
+        ws.headers.extend(limits.headers(granted).items())
         async with session.hold(
             state,
             request[USER].name,
@@ -73,7 +73,8 @@ async def serve(
             mode=mode,
             owner=owner,
         ) as held:
-            await ws.prepare(request)
+            response, conn = await ws.accept(request)
+            client = WebSocketClient(conn, dialect, terminal=Terminal(backend))
             async with session.live(
                 state,
                 who(request),
@@ -89,4 +90,4 @@ async def serve(
                 await live.run(pump(client, backend, live.record.traffic))
     finally:
         await backend.close()
-    return ws
+    return response

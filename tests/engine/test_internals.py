@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import os
 import ssl
 import tomllib
 from asyncio import sslproto
 from pathlib import Path
 
-import aiohttp
 import asyncssh
 import pytest
-from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from asyncssh.channel import SSHChannel
 
 from subres.engine import internals
-from subres.engine.websocket import take_queued
 from tests.ssh_support import PASSWORD, SshServer
-from tests.support import wait_for
+from tests.wsframes import unmask
 
 
 @pytest.mark.parametrize("package", sorted(internals.TESTED))
@@ -78,40 +76,19 @@ def test_a_missing_internal_stops_the_import(monkeypatch: pytest.MonkeyPatch) ->
         internals.check()
 
 
-async def test_queued_binary_messages_are_taken_as_one_chunk() -> None:
-    taken: asyncio.Future[tuple[bytes, bool]] = asyncio.get_running_loop().create_future()
+@pytest.mark.parametrize("offset", [0, 1, 3, 17])
+def test_unmask_xors_any_slice_of_a_buffer(offset: int) -> None:
+    data = bytearray(os.urandom(100_000))
+    mask = os.urandom(4)
+    view = memoryview(data)[offset:]
+    assert internals.unmask(view, mask) == unmask(bytes(view), mask)
+    assert internals.unmask(view[:0], mask) == b""
 
-    async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        first = await ws.receive_bytes()
-        # If aiohttp's queue changes shape, this never holds and the test fails:
-        # batching would silently be gone otherwise.
-        await wait_for(lambda: internals.binary_queued(ws))
-        await wait_for(lambda: len(ws._reader._buffer) >= 2)  # type: ignore[union-attr]
-        taken.set_result(await take_queued(ws, first))
-        await ws.close()
-        return ws
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.ws_connect(f"http://127.0.0.1:{port}/") as ws,
-        ):
-            for part in (b"one ", b"two ", b"three"):
-                await ws.send_bytes(part)
-            async with asyncio.timeout(5):
-                chunk, ended = await taken
-    finally:
-        await runner.cleanup()
-    assert (chunk, ended) == (b"one two three", False)
+def test_a_missing_unmask_stops_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(internals, "speedups", None)
+    with pytest.raises(internals.InternalsChanged, match=r"speedups\.apply_mask"):
+        internals.check()
 
 
 async def test_tls_connections_share_one_read_buffer() -> None:

@@ -176,7 +176,7 @@ async def test_console_ends_with_status_then_goaway_last(subres: Standalone) -> 
     assert (await client.expect(DataReceived, stream_id=stdout_id)).data == b"hello"
     await client.expect(StreamEnded, stream_id=stdout_id)
     status = await client.expect(DataReceived, stream_id=error_id)
-    assert json.loads(status.data)["status"] == "Success"
+    assert json.loads(bytes(status.data))["status"] == "Success"
     rest = []
     while not isinstance(event := await client.next_event(), GoAwayReceived):
         rest.append(event)

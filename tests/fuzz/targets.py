@@ -37,8 +37,10 @@ from subres.protocol.spdy import frames as spdy_frames
 from subres.protocol.spdy.connection import Role, SpdyConnection
 from subres.protocol.spdy.headers import HeaderDecoder, HeaderEncoder
 from subres.protocol.spdy.limits import Limits as SpdyLimits
+from subres.protocol.websocket import FrameDecoder, Opcode, ProtocolError, parse_close
 from tests.fuzz import hostile
 from tests.fuzz.support import Provider, chunks
+from tests.wsframes import Reader, client_frame
 
 __all__ = ["TARGETS"]
 
@@ -410,6 +412,56 @@ def console_log(data: bytes) -> None:
         assert followed == text
 
 
+# -- WebSocket ----------------------------------------------------------------------------
+
+WS_MAX_MESSAGE = 1024
+_WS_OPCODES = [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+def _ws_frame(fdp: Provider) -> bytes:
+    """A client frame whose every field the fuzzer picks, lengths declared true or not."""
+    payload = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300))
+    length = None
+    if fdp.ConsumeIntInRange(0, 7) == 0:
+        length = fdp.ConsumeIntInRange(0, (1 << 64) - 1)
+    return client_frame(
+        _WS_OPCODES[fdp.ConsumeIntInRange(0, len(_WS_OPCODES) - 1)],
+        payload,
+        fin=fdp.ConsumeIntInRange(0, 3) > 0,
+        rsv=fdp.ConsumeIntInRange(0, 7) if fdp.ConsumeIntInRange(0, 15) == 0 else 0,
+        mask=fdp.ConsumeBytes(4).ljust(4, b"\0"),
+        masked=fdp.ConsumeIntInRange(0, 15) > 0,
+        length=length,
+    )
+
+
+def websocket_frames(data: bytes) -> None:
+    """Client frames, well formed or not, in any chunking, through the server's decoder.
+
+    Either the decoder refuses them with a close code or it gives whole
+    messages; every span lies in what it consumed and what it leaves is at
+    most a header or a control frame (`Reader` checks both); no message is
+    over the limit, no control payload over 125 bytes.
+    """
+    fdp = atheris.FuzzedDataProvider(data)
+    frames = [_ws_frame(fdp) for _ in range(fdp.ConsumeIntInRange(0, 8))]
+    wire = b"".join(frames) + fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 64))
+    reader = Reader(FrameDecoder(max_message=WS_MAX_MESSAGE))
+    try:
+        for chunk in chunks(fdp, wire):
+            reader.receive(chunk)
+    except ProtocolError as exc:
+        assert 1000 <= exc.code <= 1011, exc.code
+        return
+    assert all(len(payload) <= WS_MAX_MESSAGE for _, payload in reader.messages)
+    for opcode, payload in reader.controls:
+        assert len(payload) <= 125
+        if opcode is Opcode.CLOSE:
+            with contextlib.suppress(ProtocolError):
+                code, _ = parse_close(payload)
+                assert 1000 <= code <= 4999
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "spdy": spdy,
     "spdy-headers": spdy_headers,
@@ -421,6 +473,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "endpoints": endpoints,
     "config": config_loader,
     "console-log": console_log,
+    "websocket": websocket_frames,
     **hostile.TARGETS,
 }
 """Every target by the name `python -m tests.fuzz` takes."""

@@ -182,7 +182,7 @@ def test_go_client_against_our_server(peer_binary: Path) -> None:
             case StreamOpened(stream_id=stream_id):
                 conn.reply(stream_id, {"accepted": "yes"})
             case DataReceived(stream_id=stream_id, data=data):
-                conn.send_data(stream_id, data.upper())
+                conn.send_data(stream_id, bytes(data).upper())
             case StreamEnded(stream_id=stream_id):
                 conn.end_stream(stream_id)
 

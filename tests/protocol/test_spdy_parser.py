@@ -96,8 +96,41 @@ def test_frames_survive_any_chunking(frames: list[Frame], cuts: list[int]) -> No
     for chunk in chunked(wire, cuts):
         parser.feed(chunk)
         parsed += drain(parser)
-    assert parsed == frames
+    assert joined_pieces(parsed, frames) == frames
     assert parser.buffered == 0
+
+
+def joined_pieces(parsed: list[Frame], expected: list[Frame]) -> list[Frame]:
+    """`parsed` with each DATA frame that came out in pieces (one per chunk it spans) whole.
+
+    Pieces are views of the chunks, never copies; only the last carries FIN.
+    """
+    whole: list[Frame] = []
+    pending = iter(parsed)
+    for frame in expected:
+        if not isinstance(frame, DataFrame):
+            whole.append(next(pending))
+            continue
+        data: list[DataFrame] = []
+        while not data or sum(len(p.data) for p in data) < len(frame.data):
+            piece = next(pending)
+            assert isinstance(piece, DataFrame) and piece.stream_id == frame.stream_id
+            data.append(piece)
+        assert not any(p.fin for p in data[:-1])
+        whole.append(DataFrame(frame.stream_id, b"".join(p.data for p in data), data[-1].fin))
+    assert next(pending, None) is None
+    return whole
+
+
+def test_a_data_payload_is_a_view_of_its_chunk_and_an_empty_one_ends_a_chunk() -> None:
+    wire = serialize(DataFrame(3, b"abc"), HeaderEncoder())
+    parser = new_parser()
+    parser.feed(wire)
+    [frame] = drain(parser)
+    assert isinstance(frame, DataFrame) and isinstance(frame.data, memoryview)
+    assert frame.data.obj is wire
+    parser.feed(serialize(DataFrame(3, b"", fin=True), HeaderEncoder()))
+    assert drain(parser) == [DataFrame(3, b"", fin=True)]
 
 
 @given(st.integers(1, 5000), st.booleans(), st.lists(st.integers(0, 6000), max_size=20))

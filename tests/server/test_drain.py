@@ -152,7 +152,11 @@ async def test_stuck_sessions_do_not_hold_the_exit_back(tmp_path: Path, backend:
         await hole.stop()
     assert code == 0, "".join(server.log)
     assert delay <= exited_after <= delay + grace + MARGIN, exited_after
-    assert any("dropping 3 sessions" in line for line in server.log), "".join(server.log)
+    # The deaf client's session may end at once: its close frame is sent without waiting
+    # to drain. The other two are still stuck when the grace ends.
+    assert any(re.search(r"dropping [23] sessions", line) for line in server.log), "".join(
+        server.log
+    )
     # Each session's end is still recorded, with why.
     ended = [line for line in server.log if "ended by" in line]
     for name in ("hose", "hole", "spdy"):

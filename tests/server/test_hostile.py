@@ -7,7 +7,6 @@ import base64
 import contextlib
 import os
 import ssl
-import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import websockets
 from websockets.asyncio.client import connect
 
 from tests.support import Backend, Standalone, machine, open_fds, start_standalone, wait_for
+from tests.wsframes import client_frame, read_frame
 
 
 @pytest.fixture
@@ -52,20 +52,6 @@ def upgrade(
     lines = [f"GET {target or path(subres)} {http}"]
     lines += [f"{k}: {v}" for k, v in headers.items() if v is not None]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def client_frame(opcode: int, payload: bytes, *, fin: bool = True, rsv: int = 0) -> bytes:
-    mask = os.urandom(4)
-    head = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
-    n = len(payload)
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 1 << 16:
-        head += bytes([0x80 | 126]) + struct.pack("!H", n)
-    else:
-        head += bytes([0x80 | 127]) + struct.pack("!Q", n)
-    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return head + mask + masked
 
 
 async def status_line(reader: asyncio.StreamReader) -> bytes:
@@ -216,17 +202,6 @@ async def test_shutdown_tells_clients_the_server_is_going_away(tmp_path: Path) -
             await backend.wait_open(0)
     finally:
         await backend.stop()
-
-
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    """One unmasked server frame: opcode and payload."""
-    head = await reader.readexactly(2)
-    length = head[1] & 0x7F
-    if length == 126:
-        length = struct.unpack("!H", await reader.readexactly(2))[0]
-    elif length == 127:
-        length = struct.unpack("!Q", await reader.readexactly(8))[0]
-    return head[0] & 0x0F, await reader.readexactly(length)
 
 
 async def test_pings_keep_an_answering_client_and_drop_a_silent_one(

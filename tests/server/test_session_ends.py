@@ -21,7 +21,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.server.portforward_support import pf_machine, port_of
-from tests.server.test_hostile import client_frame, raw, status_line, upgrade
+from tests.server.test_hostile import raw, status_line, upgrade
 from tests.support import (
     GROUP_VERSION,
     Backend,
@@ -30,6 +30,7 @@ from tests.support import (
     open_fds,
     start_standalone,
 )
+from tests.wsframes import client_frame
 
 TIMEOUT = 20.0
 TCP_ESTABLISHED = 1

@@ -58,10 +58,13 @@ class HeadersReceived:
 
 @dataclass(frozen=True, slots=True)
 class DataReceived:
-    """Payload arrived on a stream; `fin` when it was the last."""
+    """Payload arrived on a stream; `fin` when it was the last.
+
+    `data` is a view of the bytes it arrived in (no copy): read-only, valid as
+    long as it is kept."""
 
     stream_id: int
-    data: bytes
+    data: bytes | memoryview
     fin: bool = False
 
 

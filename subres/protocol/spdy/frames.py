@@ -82,7 +82,8 @@ class DataFrame:
     """DATA: a payload on a stream; FIN half-closes the sender's side."""
 
     stream_id: int
-    data: bytes = b""
+    data: bytes | memoryview = b""
+    """A received payload is a view of the bytes it arrived in."""
     fin: bool = False
 
     def __post_init__(self) -> None:

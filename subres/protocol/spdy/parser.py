@@ -6,6 +6,9 @@ It holds at most one partial frame: a control frame up to
 A longer DATA frame comes out in pieces as its bytes arrive (FIN only on the
 last piece), so no peer can make it buffer a 16 MiB frame. Control frames of
 unknown types are skipped without being buffered, as the spec asks.
+
+A DATA payload is never copied: it is a memoryview of the chunk it arrived
+in, and a frame that two chunks share comes out as two pieces.
 """
 
 from __future__ import annotations
@@ -88,6 +91,19 @@ class _Input:
         out = b"".join(self._views(count))
         self.skip(count)
         return out
+
+    def view(self, count: int) -> memoryview:
+        """The next bytes, at most `count` and at most to the end of the first chunk."""
+        first, pos = self._chunks[0], self._pos
+        count = min(count, len(first) - pos)
+        out = memoryview(first)[pos : pos + count]
+        self.skip(count)
+        return out
+
+    @property
+    def contiguous(self) -> int:
+        """Unread bytes in the first chunk."""
+        return len(self._chunks[0]) - self._pos if self._chunks else 0
 
     def skip(self, count: int) -> None:
         """Drop the next `count` bytes (at most `size`)."""
@@ -211,15 +227,19 @@ class FrameParser:
         if self.buffered < HEADER_LENGTH + length:
             return None
         self._input.skip(HEADER_LENGTH)
-        return DataFrame(stream_id, self._input.take(length), fin)
+        if not length:
+            return DataFrame(stream_id, b"", fin)
+        if self._input.contiguous < length:
+            # Spread over two chunks: out in pieces rather than joined.
+            self._piece = _Piece(stream_id, length, fin)
+            return self._next_piece(self._piece)
+        return DataFrame(stream_id, self._input.view(length), fin)
 
     def _next_piece(self, piece: _Piece) -> Frame | None:
-        count = min(piece.remaining, self.buffered)
-        if count == 0:
+        if not self.buffered:
             return None
-        piece.remaining -= count
+        data = self._input.view(piece.remaining)
+        piece.remaining -= len(data)
         if piece.remaining == 0:
             self._piece = None
-        return DataFrame(
-            piece.stream_id, self._input.take(count), piece.fin and piece.remaining == 0
-        )
+        return DataFrame(piece.stream_id, data, piece.fin and piece.remaining == 0)
