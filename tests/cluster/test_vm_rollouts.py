@@ -89,8 +89,9 @@ async def _annotate(cluster: Cluster, annotations: dict[str, str | None]) -> Non
 
 def recordings(cluster: Cluster) -> list[list[Any]]:
     """Every recording of vm1, oldest first, as asciicast events (the header left out)."""
-    shared = cluster.workdir / "recordings" / vm.NS / vm.NAME
-    files = sorted(shared.glob("*.cast"), key=lambda p: p.stat().st_mtime)
+    # DIR/NAMESPACE/RESOURCE/NAME/UID/… (subres.sessions.recordfiles)
+    shared = cluster.workdir / "recordings" / vm.NS / "machines" / vm.NAME
+    files = sorted(shared.glob("*/*.cast"), key=lambda p: p.stat().st_mtime)
     return [[json.loads(line) for line in f.read_text().splitlines()[1:]] for f in files]
 
 
