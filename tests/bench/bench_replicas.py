@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from subres.sessions.members import rendezvous
 from subres.sessions.registry import SessionKey
@@ -56,7 +57,7 @@ from tests.e2e.controlplane import ControlPlane
 from tests.e2e.subresserver import SERVER_NAME, Profile, Subres
 from tests.e2e.test_replicas import bind_users
 from tests.e2e.test_subres import API, NS, USERS_GROUP
-from tests.support import Backend
+from tests.support import LOOPBACK_POLICY, Backend
 
 __all__ = ["main"]
 
@@ -117,9 +118,24 @@ class Figures:
 
 
 @contextlib.asynccontextmanager
-async def three_replicas(plane: ControlPlane, source: Path | None) -> AsyncIterator[list[Subres]]:
+async def three_replicas(
+    plane: ControlPlane, source: Path | None, kept: int
+) -> AsyncIterator[list[Subres]]:
     """Replicas A, B and C of this checkout's subres (or of `source`), with their Pods."""
-    a = await subresserver.launch(plane, Profile(args=("--replica-name=replica-a",), source=source))
+    with tempfile.TemporaryDirectory(prefix="subres-bench-replicas-") as tmp:
+        # The older design has no per-namespace cap of kept consoles, nor knows its key.
+        config = _kept_config(Path(tmp), kept) if source is None else None
+        args = ("--replica-name=replica-a",)
+        a = await subresserver.launch(plane, Profile(args=args, source=source, config=config))
+        async with _replicas(plane, a, source) as servers:
+            yield servers
+
+
+@contextlib.asynccontextmanager
+async def _replicas(
+    plane: ControlPlane, a: Subres, source: Path | None
+) -> AsyncIterator[list[Subres]]:
+    """B and C beside A, and their Pods; all three stopped afterwards."""
     servers = [a]
     try:
         for name in NAMES[1:]:
@@ -139,6 +155,14 @@ async def three_replicas(plane: ControlPlane, source: Path | None) -> AsyncItera
             "--grace-period=0", "--force", "--wait=false", "--ignore-not-found",
         )  # fmt: skip
         await subresserver.shutdown(a)
+
+
+def _kept_config(directory: Path, kept: int) -> Path:
+    """A `--config` letting one namespace keep `kept` consoles (the default allows 100)."""
+    path = directory / "config.yaml"
+    consoles = {"maxKept": kept, "maxKeptPerNamespace": kept}
+    path.write_text(yaml.safe_dump({"endpointPolicy": LOOPBACK_POLICY, "consoles": consoles}))
+    return path
 
 
 async def _members(plane: ControlPlane, server: Subres) -> bool:
@@ -370,7 +394,7 @@ async def design(
         "session Leases (" + settings.old + ")" if source else "membership + peer relay"
     )
     async with (
-        three_replicas(plane, source) as servers,
+        three_replicas(plane, source, settings.kept) as servers,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
     ):
         clients = Clients(plane, http)
