@@ -11,6 +11,7 @@ cluster.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -67,11 +68,16 @@ def subres_images(cluster: clusters.Cluster, built_images: SubresImages) -> Subr
 
 
 @pytest.fixture(scope="session")
-def installed(cluster: clusters.Cluster, subres_images: SubresImages) -> install.Installed:
+def installed(
+    cluster: clusters.Cluster, subres_images: SubresImages
+) -> Iterator[install.Installed]:
     done = run_sync(install.install(cluster))
-    run_sync(install.rollout(cluster, "deployment", "subres", install.NAMESPACE))
-    run_sync(install.rollout(cluster, "daemonset", "subres-agent", install.AGENT_NAMESPACE))
-    return done
+    try:
+        run_sync(install.rollout(cluster, "deployment", "subres", install.NAMESPACE))
+        run_sync(install.rollout(cluster, "daemonset", "subres-agent", install.AGENT_NAMESPACE))
+        yield done
+    finally:
+        shutil.rmtree(done.workdir)  # the install's copy of deploy/, its kubectl and caches
 
 
 @pytest.fixture(scope="session")

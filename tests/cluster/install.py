@@ -79,7 +79,10 @@ def docs_install_block(page: Path = OPERATING) -> str:
 
 
 async def install(cluster: Cluster) -> Installed:
-    """Run the docs' install block against `cluster`; raise with its output if it fails."""
+    """Run the docs' install block against `cluster`; raise with its output if it fails.
+
+    Its directory (deploy/ with the certificates' private keys) is the caller's to remove.
+    """
     script = docs_install_block()
     workdir = Path(tempfile.mkdtemp(prefix="subres-install-"))
     shutil.copytree(REPO / "deploy", workdir / "deploy", ignore=shutil.ignore_patterns("certs"))
@@ -97,6 +100,7 @@ async def install(cluster: Cluster) -> Installed:
         timeout_s=INSTALL_TIMEOUT_S,
     )  # fmt: skip
     if code != 0:
+        shutil.rmtree(workdir)
         raise cluster.failure(f"the docs' install block exited {code}:\n{script}\n{output}")
     return Installed(workdir=workdir, output=output, script=script)
 
