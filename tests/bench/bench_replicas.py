@@ -219,6 +219,8 @@ class Clients:
     plane: ControlPlane
     http: aiohttp.ClientSession
     contexts: dict[int, ssl.SSLContext] = field(default_factory=dict)
+    readers: set[asyncio.Task[None]] = field(default_factory=set)
+    """Tasks reading the idle sessions (so that their pings are answered)."""
 
     def context(self, server: Subres) -> ssl.SSLContext:
         if server.port not in self.contexts:
@@ -248,12 +250,21 @@ async def open_many(
     async def one(i: int, name: str) -> None:
         async with gate:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                opened.append(await clients.open(servers[i % len(servers)], name))
+                ws = await clients.open(servers[i % len(servers)], name)
+                opened.append(ws)
+                # aiohttp answers the server's pings only while something reads: a session
+                # nobody reads is dropped (no pong within 5 s) in the middle of the window.
+                clients.readers.add(asyncio.create_task(_read_all(ws)))
 
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(OPEN_TIMEOUT):
             await asyncio.gather(*(one(i, n) for i, n in enumerate(names)))
     return opened
+
+
+async def _read_all(ws: aiohttp.ClientWebSocketResponse) -> None:
+    async for _ in ws:
+        pass
 
 
 async def requests_by_verb(plane: ControlPlane) -> Counter[str]:
@@ -423,6 +434,7 @@ async def design(
             figures.levels.append(measured)
             done = level
         await asyncio.gather(*(ws.close() for ws in live), return_exceptions=True)
+        await asyncio.gather(*clients.readers, return_exceptions=True)
     return figures
 
 
