@@ -236,8 +236,8 @@ async def launch(plane: ControlPlane, profile: Profile = Profile()) -> Subres:
         token = await plane.service_account_token(NAMESPACE, SERVICE_ACCOUNT)
         kubeconfig = plane.token_kubeconfig("subres-server", token)
         args = _serve_args(certs_dir, workdir / "cert-dir", kubeconfig, port)
-        if profile.source is None:
-            args.append(f"--peer-port={peer_port}")
+        if profile.source is None:  # flags an older checkout (a bench's) does not know
+            args += [f"--peer-port={peer_port}", f"--agent-namespace={AGENT_NAMESPACE}"]
         args.append(f"--config={profile.config or _write_config(workdir)}")
         args += profile.args
         server = Subres(
@@ -363,8 +363,7 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
         f"--secure-port={port}",
         f"--tls-cert-file={certs_dir / 'tls.crt'}",
         f"--tls-private-key-file={certs_dir / 'tls.key'}",
-        # As the Deployment says: the agents' pods and the replicas' side of their mutual TLS.
-        f"--agent-namespace={AGENT_NAMESPACE}",
+        # As the Deployment says: the replicas' side of their mutual TLS with the agents.
         f"--agent-ca-file={certs_dir / 'ca.crt'}",
         f"--agent-client-cert-file={certs_dir / 'replica.crt'}",
         f"--agent-client-key-file={certs_dir / 'replica.key'}",
