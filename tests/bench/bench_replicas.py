@@ -110,7 +110,9 @@ class Figures:
     design: str
     levels: list[Level] = field(default_factory=list)
     takeover: dict[str, float] = field(default_factory=dict)
-    round_trip: dict[str, float] = field(default_factory=dict)
+    round_trip: dict[str, float | None] = field(default_factory=dict)
+    """None: the writer's bytes never reached the observer (the session-Lease design's
+    observer on another replica sees nothing, issue 18)."""
     attach: dict[str, float] = field(default_factory=dict)
 
 
@@ -359,8 +361,9 @@ async def takeover(clients: Clients, first: Subres, second: Subres, name: str) -
 
 async def round_trip(
     clients: Clients, writer_at: Subres, observer_at: Subres, name: str, samples: int
-) -> tuple[float, float]:
-    """p50 seconds: observer attach (request to 101), and writer-send to observer-read."""
+) -> tuple[float, float | None]:
+    """p50 seconds: observer attach (request to 101), and writer-send to observer-read
+    (None when a byte did not reach the observer within 10 s)."""
     writer = await clients.open(writer_at, name)
     try:
         started = time.perf_counter()
@@ -370,7 +373,11 @@ async def round_trip(
         for _ in range(samples):
             sent = time.perf_counter()
             await writer.send_bytes(b"x")
-            await observer.receive_bytes(timeout=10)
+            try:
+                await observer.receive_bytes(timeout=10)
+            except TimeoutError:
+                await observer.close()
+                return attach, None
             trips.append(time.perf_counter() - sent)
             await writer.receive_bytes(timeout=10)
         await observer.close()
@@ -392,7 +399,8 @@ async def latencies(
             *[await round_trip(clients, *pair, name, samples) for _ in range(3)], strict=True
         )
         figures.attach[label] = statistics.median(attaches)
-        figures.round_trip[label] = statistics.median(trips)
+        arrived = [t for t in trips if t is not None]
+        figures.round_trip[label] = statistics.median(arrived) if len(arrived) == 3 else None
 
 
 # --- a run -------------------------------------------------------------------------------
@@ -510,9 +518,13 @@ def report(settings: Settings, argv: Sequence[str], results: list[Figures]) -> s
         for where, took in figures.takeover.items():
             lines.append(
                 f"| {figures.design} | {where} | {took * 1000:.1f} | "
-                f"{figures.attach[where] * 1000:.1f} | {figures.round_trip[where] * 1000:.2f} |"
+                f"{figures.attach[where] * 1000:.1f} | {_ms(figures.round_trip[where])} |"
             )
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "nothing arrived" if seconds is None else f"{seconds * 1000:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
