@@ -224,7 +224,7 @@ async def _to_backend(write: Awaitable[None]) -> None:
     try:
         await write
     except (OSError, RuntimeError) as exc:
-        raise _BackendFailed(f"backend connection failed: {_why(exc)}") from None
+        raise _BackendFailed(_failed(exc)) from None
 
 
 async def _down(backend: ByteStream, client: ClientStream, traffic: Traffic) -> Outcome:
@@ -232,7 +232,7 @@ async def _down(backend: ByteStream, client: ClientStream, traffic: Traffic) -> 
         try:
             chunk = await backend.read()
         except (OSError, RuntimeError) as exc:
-            return Outcome(Ending.ERROR, f"backend connection failed: {_why(exc)}")
+            return Outcome(Ending.ERROR, _failed(exc))
         if not chunk:
             break
         try:
@@ -244,6 +244,16 @@ async def _down(backend: ByteStream, client: ClientStream, traffic: Traffic) -> 
         traffic.down += len(chunk)
     await client.write_eof()
     return Outcome(Ending.BACKEND, "the backend closed the connection")
+
+
+_FAILED = "backend connection failed: "
+
+
+def _failed(exc: BaseException) -> str:
+    """How a backend failed, said once: a replica that owns a console relays its own
+    pump's reason, which says it already (and a close reason has only 123 bytes)."""
+    why = _why(exc)
+    return why if why.startswith(_FAILED) else _FAILED + why
 
 
 def _why(exc: BaseException) -> str:

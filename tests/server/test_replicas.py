@@ -36,6 +36,7 @@ from subres.sessions import peer
 from subres.sessions.runtime import Who
 from tests.server.replicas import as_user, echoes, owner_and_other, replicas, unit, url
 from tests.server.test_cluster import CLIENT_CA
+from tests.server.test_session_ends import reset_after_hello
 from tests.server.test_ssh_backend import CONSOLE
 from tests.ssh_support import SshServer, secret
 from tests.support import (
@@ -92,6 +93,30 @@ async def test_a_console_taken_over_through_either_replica_closes_with_4001(
         # Nothing is left behind on either side: no slot, no session, no peer session.
         await wait_for(lambda: not owner.state.sessions.exclusive)
         await wait_for(lambda: not owner.state.sessions.live and not other.state.sessions.live)
+
+
+async def test_a_backend_failure_on_the_owner_reaches_a_client_of_the_other_replica_once(
+    tmp_path: Path,
+) -> None:
+    resetting = await Backend(handler=reset_after_hello).start_tcp()
+    try:
+        async with (
+            replicas(tmp_path, resetting) as (_, servers),
+            aiohttp.ClientSession() as http,
+        ):
+            _, other = owner_and_other(servers)
+            async with http.ws_connect(url(other, "console"), **as_user(tmp_path, "alice")) as ws:
+                await ws.send_bytes(b"hello")
+                closing = await ws.receive(timeout=5)
+                while closing.type != aiohttp.WSMsgType.CLOSE:
+                    closing = await ws.receive(timeout=5)
+        # As a client of the owner reads it (test_session_ends), not wrapped a second time.
+        assert (closing.data, closing.extra) == (
+            1011,
+            "backend connection failed: Connection reset by peer",
+        )
+    finally:
+        await resetting.stop()
 
 
 async def test_preserve_session_is_refused_through_the_other_replica_before_dialing(
