@@ -243,7 +243,9 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            while True:  # until the group is empty: kill(2) with signal 0 only asks
+            # Nothing tells us when processes that are not our children exit: ask (signal 0
+            # only asks) until the group is empty, within the timeout above.
+            while True:
                 os.killpg(proc.pid, 0)
                 await asyncio.sleep(0.05)
 
