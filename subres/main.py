@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, cast
 
@@ -184,12 +185,31 @@ def _configure_logging(ns: argparse.Namespace) -> None:
         )
         return
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not ns.verbose:
+        from subres.serving.logs import own_or_error
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(own_or_error)
+
+
+def _quiet_other_libraries(top: argparse.Namespace) -> None:
+    """Hide other libraries' warnings (a dependency's deprecation is theirs to fix, not
+    the user's to read) unless `-v` or Python's own `-W`/`PYTHONWARNINGS` asks for them.
+
+    Installed before any verb's module is imported: libraries warn as they are imported
+    (asyncssh about DSA with cryptography 51). subres's own warnings pass to the filters
+    already in force, so a test that turns them into errors still sees them.
+    """
+    if top.verbose or sys.warnoptions:
+        return
+    warnings.filterwarnings("ignore", module=r"(?!subres(\.|$))")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     top = _top_level(args)
+    _quiet_other_libraries(top)
     verb = str(top.verb)
     ns = parser(only=verb).parse_args(args)
     if argv is None and verb == "serve":

@@ -12,9 +12,10 @@ messages carry what users chose (a user name from a certificate or a token
 review, a machine's name), and a newline there must not forge a line.
 
 Libraries log at INFO what only their authors need (asyncssh writes some
-twenty lines per console session), so below WARNING only subres's own
-records, and the access log the operator asked for, are written unless
-`-v` asks for everyone's (`third_party`).
+twenty lines per console session) and warn about what only their authors can
+fix, so below ERROR only subres's own records, and the access log the
+operator asked for, are written unless `-v` asks for everyone's
+(`third_party`). A library's error still shows: something failed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["OWN", "JsonFormatter", "TextFormatter", "configure"]
+__all__ = ["OWN", "JsonFormatter", "TextFormatter", "configure", "own_or_error"]
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEBUG_VERBOSITY = 4
@@ -91,16 +92,17 @@ def _error(record: logging.LogRecord) -> str:
 def configure(*, level: int, logging_format: str, third_party: bool = False) -> None:
     """Send the root logger's records to stderr in `logging_format` at `level`.
 
-    Other libraries' records below WARNING are dropped unless `third_party`.
+    Other libraries' records below ERROR are dropped unless `third_party`.
     """
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if logging_format == "json" else TextFormatter())
     if not third_party:
-        handler.addFilter(_own_or_warning)
+        handler.addFilter(own_or_error)
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
-def _own_or_warning(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or any(
+def own_or_error(record: logging.LogRecord) -> bool:
+    """Whether a record is written without `-v`: subres's own, or anyone's error."""
+    return record.levelno >= logging.ERROR or any(
         record.name == own or record.name.startswith(f"{own}.") for own in OWN
     )
