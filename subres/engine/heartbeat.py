@@ -13,7 +13,10 @@ count stops: what is not read cannot be heard.
 
 One timer per connection, due at the next beat or at the moment the peer
 would have been silent too long, whichever comes first; one clock read per
-chunk received.
+chunk received. A beat that would fall due with the deadline (within half an
+interval of it) waits for it: a peer about to be given up is not beaten to,
+and a timer's clock, read a hair before the instant the timer was due for,
+cannot send that beat first.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Heartbeat:
 
     __slots__ = (
         "_beat",
+        "_due",
         "_expire",
         "_handle",
         "_heard_at",
@@ -57,7 +61,7 @@ class Heartbeat:
         self._expire = expire
         self._reading = reading
         self._loop = asyncio.get_running_loop()
-        self._heard_at = self._next_beat = self._loop.time()
+        self._heard_at = self._next_beat = self._due = self._loop.time()
         self._handle: asyncio.TimerHandle | None = None
 
     @property
@@ -67,7 +71,7 @@ class Heartbeat:
 
     def start(self) -> None:
         """Beat now, and every interval until `stop` or the peer is given up."""
-        self._heard_at = self._next_beat = self._loop.time()
+        self._heard_at = self._next_beat = self._due = self._loop.time()
         self._tick()
 
     def stop(self) -> None:
@@ -81,15 +85,19 @@ class Heartbeat:
         self._heard_at = self._loop.time()
 
     def _tick(self) -> None:
-        now = self._loop.time()
+        # The loop runs a timer up to its clock's resolution early: the instant it was due
+        # for is the one that counts.
+        now = max(self._loop.time(), self._due)
         if not self._reading():
             self._heard_at = now  # nothing is read, so nothing can be missed
-        if now - self._heard_at >= self.silence:
+        deadline = self._heard_at + self.silence
+        if now >= deadline:
             self._handle = None
             self._expire(f"nothing arrived for {self.silence:g}s")
             return
         if now >= self._next_beat:
             self._beat()
             self._next_beat = now + self._interval
-        due = min(self._next_beat, self._heard_at + self.silence)
-        self._handle = self._loop.call_at(due, self._tick)
+        beat_first = self._next_beat < deadline - self._interval / 2
+        self._due = self._next_beat if beat_first else deadline
+        self._handle = self._loop.call_at(self._due, self._tick)
