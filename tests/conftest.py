@@ -1,8 +1,10 @@
-"""Shared fixtures: the event loop, the Go peers built from the module proxy, a TCP echo backend."""
+"""Shared fixtures: the event loop, the Go peers built from the module proxy, a TCP echo backend;
+and which tests belong to the whole suite only (the `full` mark), not to the quick tier."""
 
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,8 @@ __all__ = [
     "kubectl_bin",
     "kubepeer_bin",
     "pytest_asyncio_loop_factories",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
     "virtctl_bin",
 ]
 
@@ -36,3 +40,29 @@ def pytest_asyncio_loop_factories(
     """
     name = os.environ.get(loops.ENV) or loops.DEFAULT
     return {name: loops.factory(name) or asyncio.new_event_loop}
+
+
+FULL_DIRS = frozenset({"cluster", "e2e", "browser", "examples", "bench"})
+"""Directories of the whole suite only: a control plane, Chromium, QEMU, root, benchmarks."""
+FULL_FIXTURES = frozenset({"kubectl_bin", "kubepeer_bin", "virtctl_bin", "peer_binary", "sshd"})
+"""Fixtures that build a Go peer or start a program only scripts/test installs."""
+FULL_FILES = frozenset({"test_gotools.py", "test_packaging.py", "test_replay_video.py"})
+"""Go builds, wheels built in fresh virtualenvs, ffmpeg."""
+TESTS = Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "full: needs what only ./scripts/test provides (Go peers, root, system programs, "
+        "the cluster); scripts/test-quick runs the rest",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the whole suite's tests `full`, by where they live and what they use."""
+    for item in items:
+        where = item.path.relative_to(TESTS).parts
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if where[0] in FULL_DIRS or where[-1] in FULL_FILES or fixtures & FULL_FIXTURES:
+            item.add_marker(pytest.mark.full)

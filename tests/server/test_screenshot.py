@@ -249,6 +249,7 @@ def xwd_rgb(display: str) -> tuple[tuple[int, int], bytes]:
     return (width, height), bytes(rgb)
 
 
+@pytest.mark.full  # TigerVNC: a Debian package that scripts/test installs
 async def test_screenshot_of_tigervnc_matches_xwd(tmp_path: Path) -> None:
     assert xvnc_available(), "scripts/test installs tigervnc-standalone-server and x11 tools"
     with xvnc(tmp_path) as (x_display, socket_path):

@@ -172,6 +172,7 @@ async def test_a_view_only_viewer_sending_what_cannot_be_checked_is_closed(
     assert bytes(recording.received[0]) == b""
 
 
+@pytest.mark.full  # TigerVNC: a Debian package that scripts/test installs
 async def test_tigervnc_keeps_every_viewer_when_one_asks_for_the_display_alone(
     tmp_path: Path,
 ) -> None:
