@@ -1,7 +1,7 @@
 """Browser test fixtures: Chromium, `subres demo` and `subres web` as real processes.
 
-Without Chromium or the page's built npm assets the tests skip, except in CI
-(`CI` set), where scripts/test installs both and a skip would hide a failure.
+Without Chromium or the page's built npm assets the tests fail, saying what is
+missing: scripts/test installs both, and a skip would hide a failure.
 """
 
 from __future__ import annotations
