@@ -148,6 +148,8 @@ def build(state: State) -> web.Application:
     async def on_startup(_: web.Application) -> None:
         await state.recordings.start()
         await keeper.start()
+        if state.audit.sink is not None:
+            await state.audit.sink.start()
 
     async def on_shutdown(_: web.Application) -> None:
         # Live sessions were ended before this (`run.Server.stop`); then the kept consoles
@@ -159,6 +161,8 @@ def build(state: State) -> web.Application:
         await state.recordings.stop()
         await state.events.close()
         await asyncio.to_thread(state.audit.close)
+        if state.audit.sink is not None:  # after the lines it still had were spooled
+            await state.audit.sink.close()
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)

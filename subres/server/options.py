@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subres.backends import agent
-from subres.serving import certs, connections, loops
+from subres.serving import certs, connections, flags, loops
 from subres.serving.flags import duration
+from subres.sessions.auditsink import SinkSettings
 
 __all__ = [
     "LOOPBACK",
@@ -117,6 +118,8 @@ class Options:
     """Cluster mode: name of the agent container's relay port."""
     session_audit_log: str = "-"
     """Where session audit lines go: "-" stdout, "" nowhere, else a file."""
+    session_audit_sink: SinkSettings | None = None
+    """Where session audit events also go, as CloudEvents (`--session-audit-webhook`)."""
     loop: str = loops.DEFAULT
     """The event loop: uvloop or asyncio (`subres.serving.loops`)."""
 
@@ -173,6 +176,7 @@ class Options:
             agent_selector=ns.agent_selector,
             agent_port_name=ns.agent_port_name,
             session_audit_log=ns.session_audit_log,
+            session_audit_sink=_audit_sink(ns),
             loop=ns.loop,
         )
 
@@ -190,6 +194,8 @@ class Options:
             problems.append("--shutdown-delay must not be negative")
         problems += self._mode_problems()
         problems += self._lease_problems()
+        if self.session_audit_sink is not None and self.session_audit_sink.spool == Path():
+            problems.append("--session-audit-webhook needs --session-audit-spool DIR")
         problems += self._agent_problems()
         for flag, ttl in (
             (
@@ -300,6 +306,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='one JSON line per session start and end: "-" for stdout (the default), '
         "a file to append to, or an empty string for none",
     )
+    _add_audit_sink_arguments(parser)
     _add_cluster_arguments(parser)
     _add_agent_arguments(parser)
     add(
@@ -443,3 +450,47 @@ def _agent(text: str) -> tuple[str, str]:
 
 def _list(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _add_audit_sink_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--session-audit-webhook",
+        default="",
+        metavar="URL",
+        help="also send each session audit line to this URL, as CloudEvents in batches "
+        "(application/cloudevents-batch+json), spooled on disk until the sink takes them",
+    )
+    add(
+        "--session-audit-spool",
+        type=Path,
+        metavar="DIR",
+        help="where audit events wait for the webhook (required with it; an emptyDir keeps "
+        "them through a container's restart)",
+    )
+    add(
+        "--session-audit-spool-max",
+        type=flags.size,
+        default=SinkSettings.max_bytes,
+        metavar="SIZE",
+        help="bytes the spool may hold (e.g. 256Mi); past it new events are dropped and counted",
+    )
+    add("--session-audit-webhook-ca", type=Path, metavar="FILE", help="CA of an https sink")
+    add(
+        "--session-audit-webhook-token-file",
+        type=Path,
+        metavar="FILE",
+        help="a bearer token for the sink, read again on every retry",
+    )
+
+
+def _audit_sink(ns: argparse.Namespace) -> SinkSettings | None:
+    if not ns.session_audit_webhook:
+        return None
+    return SinkSettings(
+        url=ns.session_audit_webhook,
+        spool=ns.session_audit_spool or Path(),  # no spool: validate() says so
+        max_bytes=ns.session_audit_spool_max,
+        ca_file=ns.session_audit_webhook_ca,
+        token_file=ns.session_audit_webhook_token_file,
+    )

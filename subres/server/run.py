@@ -50,6 +50,7 @@ from subres.serving.metrics import Metrics
 from subres.serving.tls import ReloadingTLS
 from subres.sessions import audit
 from subres.sessions.audit import SessionAudit
+from subres.sessions.auditsink import WebhookSink
 from subres.sessions.events import KubeEvents
 
 __all__ = ["Background", "Reloadable", "Server", "complete", "complete_cluster", "serve"]
@@ -231,6 +232,7 @@ def complete(options: Options) -> Server:
     secrets = ParentCache("secrets")
     source = FileSource(options.standalone, caches, config.parents, secrets=secrets)
     source.reload_if_changed()
+    metrics = Metrics()
     authenticator = Authenticator(
         tokens=TokenFile(options.token_auth_file) if options.token_auth_file else None,
         client_ca=CAFile(options.client_ca_file) if options.client_ca_file else None,
@@ -244,9 +246,17 @@ def complete(options: Options) -> Server:
         secrets=CachedSecrets(secrets),
         connections=connections.Guard(options.connections),
         agents=_agents(options, StaticDirectory(dict(options.agents))),
-        audit=SessionAudit(audit.open_log(options.session_audit_log)),
+        metrics=metrics,
+        audit=_audit(options, metrics=metrics, source="subres"),
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
+
+
+def _audit(options: Options, *, metrics: Metrics, source: str) -> SessionAudit:
+    """The audit lines' stream, and the webhook sink when one is configured."""
+    settings = options.session_audit_sink
+    sink = None if settings is None else WebhookSink(settings, metrics=metrics)
+    return SessionAudit(audit.open_log(options.session_audit_log), sink=sink, source=source)
 
 
 async def complete_cluster(
@@ -278,7 +288,7 @@ async def complete_cluster(
         owners=parts.owners,
         peer_tls=_client_tls(options, peer.REPLICA_NAME),
         metrics=metrics,
-        audit=SessionAudit(audit.open_log(options.session_audit_log)),
+        audit=_audit(options, metrics=metrics, source=f"subres/{replica}"),
         events=KubeEvents(parts.main, metrics=metrics, instance=replica),
         replica=replica,
     )

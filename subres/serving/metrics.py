@@ -147,6 +147,29 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.audit_sent = Counter(
+            "subres_audit_events_sent",
+            "Session audit events the audit sink acknowledged.",
+            registry=self.registry,
+        )
+        self.audit_buffered = Gauge(
+            "subres_audit_events_buffered",
+            "Session audit events spooled on disk and not yet taken by the audit sink.",
+            registry=self.registry,
+        )
+        self.audit_dropped = Counter(
+            "subres_audit_events_dropped",
+            "Session audit events never sent, by why (spool: it was full; refused: the sink "
+            "answered 4xx).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.audit_failures = Counter(
+            "subres_audit_send_failures",
+            "Requests to the audit sink that failed or were answered with an error.",
+            registry=self.registry,
+        )
+
     def watch_caches(self, caches: Mapping[str, CacheStats]) -> None:
         """Report the hits and misses of `caches` (by name) at every scrape."""
         self.registry.register(_AuthCaches(caches))

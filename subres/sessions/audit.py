@@ -4,7 +4,8 @@ Written to stdout by default (`--session-audit-log -`), where the container
 runtime collects it apart from the logs: who (user, groups), what (machine,
 subresource, mode, dialect), from where (client address, request id), when
 (start, end), how much (bytes each way) and how it ended (close code and
-reason). A thread of its own writes and flushes the lines, so a stream that
+reason). With a sink (`sessions.auditsink`), each line also goes there as
+a CloudEvent. A thread of its own writes and flushes the lines, so a stream that
 blocks (a full pipe nobody reads) never holds up a session or the event
 loop; past `MAX_PENDING` lines waiting, new ones are dropped (counted, and
 said once in the logs). A failing stream is reported once in the logs and
@@ -21,6 +22,7 @@ import threading
 from typing import Any, TextIO
 
 from subres.serving.units import rfc3339
+from subres.sessions.auditsink import WebhookSink, cloudevent
 
 __all__ = ["MAX_PENDING", "SessionAudit", "open_log"]
 
@@ -33,13 +35,18 @@ CLOSE_GRACE = 2.0
 
 
 class SessionAudit:
-    """Writes audit lines to `stream` from a thread; with None, writes nothing."""
+    """Writes audit lines to `stream` and `sink` from a thread; with neither, writes nothing."""
 
-    def __init__(self, stream: TextIO | None) -> None:
+    def __init__(
+        self, stream: TextIO | None, *, sink: WebhookSink | None = None, source: str = "subres"
+    ) -> None:
         self.stream = stream
+        self.sink = sink
+        self.source = source
+        """The CloudEvents `source` of the sink's events (the replica)."""
         self.dropped = 0
         """Lines dropped because too many waited."""
-        self._lines: queue.Queue[str | None] = queue.Queue(MAX_PENDING)
+        self._lines: queue.Queue[tuple[str, bytes | None] | None] = queue.Queue(MAX_PENDING)
         self._writer: threading.Thread | None = None
         self._failed = False
 
@@ -52,7 +59,7 @@ class SessionAudit:
         self._write("end", fields)
 
     def _write(self, stage: str, fields: dict[str, Any]) -> None:
-        if self.stream is None:
+        if self.stream is None and self.sink is None:
             return
         line = {
             "audit": "session",
@@ -61,8 +68,12 @@ class SessionAudit:
             "start": _time(fields.get("start")),
             "end": _time(fields.get("end")),
         }
+        event = None
+        if self.sink is not None:
+            time = line["end"] if stage == "end" else line["start"]
+            event = cloudevent(source=self.source, stage=stage, time=time, data=line)
         try:
-            self._lines.put_nowait(json.dumps(line, separators=(",", ":")) + "\n")
+            self._lines.put_nowait((json.dumps(line, separators=(",", ":")) + "\n", event))
         except queue.Full:
             if not self.dropped:
                 log.error("session audit lines dropped: the audit stream does not keep up")
@@ -73,8 +84,12 @@ class SessionAudit:
             self._writer.start()
 
     def _run(self) -> None:
-        assert self.stream is not None
-        while (line := self._lines.get()) is not None:
+        while (item := self._lines.get()) is not None:
+            line, event = item
+            if event is not None and self.sink is not None:
+                self.sink.add(event)
+            if self.stream is None:
+                continue
             try:
                 self.stream.write(line)
                 self.stream.flush()
