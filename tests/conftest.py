@@ -46,8 +46,17 @@ FULL_DIRS = frozenset({"cluster", "e2e", "browser", "examples", "bench"})
 """Directories of the whole suite only: a control plane, Chromium, QEMU, root, benchmarks."""
 FULL_FIXTURES = frozenset({"kubectl_bin", "kubepeer_bin", "virtctl_bin", "peer_binary", "sshd"})
 """Fixtures that build a Go peer or start a program only scripts/test installs."""
-FULL_FILES = frozenset({"test_gotools.py", "test_packaging.py", "test_replay_video.py"})
-"""Go builds, wheels built in fresh virtualenvs, ffmpeg."""
+FULL_FILES = frozenset(
+    {
+        "test_gotools.py",
+        "test_packaging.py",
+        "test_replay_video.py",
+        "test_sockets.py",
+        "test_recording_failclosed.py",
+    }
+)
+"""Go builds, wheels built in fresh virtualenvs, ffmpeg; and root: a listener run as another
+user (`setpriv`), a full disk (a tmpfs mounted for the test)."""
 TESTS = Path(__file__).parent
 
 
