@@ -53,10 +53,12 @@ FULL_FILES = frozenset(
         "test_replay_video.py",
         "test_sockets.py",
         "test_recording_failclosed.py",
+        "test_ssh_backend.py",
     }
 )
-"""Go builds, wheels built in fresh virtualenvs, ffmpeg; and root: a listener run as another
-user (`setpriv`), a full disk (a tmpfs mounted for the test)."""
+"""Go builds, wheels built in fresh virtualenvs, ffmpeg, OpenSSH's sshd (its logins need root);
+and root: a listener run as another user (`setpriv`), a full disk (a tmpfs mounted for the
+test)."""
 TESTS = Path(__file__).parent
 
 

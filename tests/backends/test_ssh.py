@@ -250,6 +250,7 @@ async def test_an_unreachable_server_is_503(pool: ssh.Pool, sshd: OpenSsh) -> No
     assert error.code == 503 and "cannot connect to SSH server" in str(error)
 
 
+@pytest.mark.full  # OpenSSH's sshd: its logins need root
 async def test_a_refused_forward_is_502(tmp_path: Path, pool: ssh.Pool, backend: Backend) -> None:
     port = backend.url.rsplit(":", 1)[1]
     async with openssh(tmp_path / "noforward", options="AllowTcpForwarding no\n") as sshd:
