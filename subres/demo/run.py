@@ -27,8 +27,8 @@ from pathlib import Path
 import asyncssh
 from aiohttp import web as aioweb
 
+from subres.cli import invocation, web
 from subres.cli import kubeconfig as kubeconfigs
-from subres.cli import web
 from subres.demo import banner, files
 from subres.demo import claim as claims
 from subres.demo.sshd import SshShellServer
@@ -173,6 +173,7 @@ def _banner(demo: Demo) -> str:
             kubeconfig=demo.kubeconfig,
             machines=demo.kubeconfig.parent / files.MACHINES,
             web_port=demo.website.port,
+            subres=invocation.command(),
         )
     )
 

@@ -138,11 +138,14 @@ def running(
 
 
 @contextlib.contextmanager
-def running_demo(*args: str, shell: str = "/bin/sh", before: Sequence[str] = ()) -> Iterator[Demo]:
-    """`subres BEFORE demo ARGS` on a free port with `shell` as the machine's console."""
+def running_demo(
+    *args: str, shell: str = "/bin/sh", before: Sequence[str] = (), path: str | None = None
+) -> Iterator[Demo]:
+    """`subres BEFORE demo ARGS` on a free port with `shell` as the machine's console
+    (and `path` as its PATH, when given)."""
     with tempfile.TemporaryDirectory(prefix="subres-demo-") as tmp:
         state = Path(tmp)
-        env = {**cli_env(state), "SHELL": shell}
+        env = {**cli_env(state), "SHELL": shell, **({"PATH": path} if path else {})}
         with (state / "server.log").open("wb") as log:
             proc = subprocess.Popen(
                 cli(*before, "demo", "--state-dir", state, "--port", "0", *args),
