@@ -57,7 +57,7 @@ def text(banner: Banner) -> str:
     return (
         f"subres demo is serving on {banner.url} (Ctrl+C stops it)\n"
         f"  page:     {banner.page}\n"
-        f"  machines: {banner.machines} (edit it; changes apply at once)\n"
+        f"  machines: {banner.machines} (edit it; changes apply at once and stay)\n"
         "\n"
         "Point subres and kubectl at the demo, once in each terminal:\n"
         f"  export KUBECONFIG={shlex.quote(str(banner.kubeconfig))}\n"

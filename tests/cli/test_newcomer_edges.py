@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.cli.conftest import CLI_TIMEOUT, cli_env, running_demo
+import yaml
+
+from tests.cli.conftest import (
+    CLI_TIMEOUT,
+    START_TIMEOUT,
+    cli,
+    cli_env,
+    read_until,
+    run_cli,
+    running_demo,
+    stop,
+)
 
 BARE_PATH = "/usr/bin:/bin"
 """A PATH without this install: its virtualenv was never activated."""
@@ -27,3 +40,61 @@ def test_the_banner_commands_run_as_printed_without_the_venv_on_path(workdir: Pa
         )
     assert done.returncode == 0, done.stderr
     assert os.uname().sysname.encode() in done.stdout
+
+
+MINE = {
+    "apiVersion": "subres.dev/v1alpha1",
+    "kind": "Machine",
+    "metadata": {"name": "mine", "namespace": "default"},
+    "status": {"phase": "Running", "console": {"endpoint": "tcp://127.0.0.1:1"}},
+}
+
+
+@contextlib.contextmanager
+def demo_in(state: Path, log: Path) -> Iterator[Path]:
+    """`subres demo` on `state`, its stderr in `log`; its kubeconfig. Stopped afterwards."""
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            cli("demo", "--state-dir", state, "--port", "0"),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=cli_env(state.parent),
+        )
+    try:
+        read_until(proc, rb"(?s)Try:\n.*meant to fail[^\n]*\n", timeout=START_TIMEOUT)
+        yield state / "kubeconfig"
+    finally:
+        stop(proc)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert proc.returncode == 0, log.read_text()
+
+
+def test_the_machines_file_the_banner_says_to_edit_outlives_the_demo(workdir: Path) -> None:
+    state, log = workdir / "state", workdir / "demo.log"
+    machines = state / "machines.yaml"
+    with demo_in(state, log):
+        edited = machines.read_text().replace("Stopped", "Running") + "---\n" + yaml.safe_dump(MINE)
+        machines.write_text(edited)
+    assert "; kept machines.yaml (your machines, without the console's key)" in log.read_text()
+    kept = list(yaml.safe_load_all(machines.read_text()))
+    assert [(d["kind"], d["metadata"]["name"]) for d in kept] == [
+        ("Machine", "demo"),
+        ("Machine", "stopped"),
+        ("Machine", "mine"),
+    ]
+    assert "PRIVATE KEY" not in machines.read_text()
+    assert (machines.stat().st_mode & 0o077) == 0
+    with demo_in(state, log) as kubeconfig:
+        # The user's machine and change are served; the demo's own console has this run's key.
+        docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(machines.read_text())}
+        assert docs["stopped"]["status"]["phase"] == "Running"
+        listed = run_cli(["--kubeconfig", kubeconfig, "sessions", "mine"], home=workdir)
+        assert listed.returncode == 0, listed.stderr
+        piped = run_cli(
+            ["--kubeconfig", kubeconfig, "console", "demo"],
+            home=workdir,
+            stdin=b"echo again-$((40+2))\n",
+        )
+        assert piped.returncode == 0, piped.stderr
+        assert b"again-42" in piped.stdout
