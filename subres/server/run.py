@@ -245,6 +245,7 @@ def complete(options: Options) -> Server:
         connections=connections.Guard(options.connections),
         agents=_agents(options, StaticDirectory(dict(options.agents))),
         audit=SessionAudit(audit.open_log(options.session_audit_log)),
+        parents_file=options.standalone,
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 

@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +99,25 @@ def test_the_machines_file_the_banner_says_to_edit_outlives_the_demo(workdir: Pa
         )
         assert piped.returncode == 0, piped.stderr
         assert b"again-42" in piped.stdout
+
+
+def test_logs_of_a_console_not_kept_gives_advice_that_works_on_the_demo(workdir: Path) -> None:
+    with running_demo() as demo:
+        args: list[str | Path] = ["--kubeconfig", demo.kubeconfig, "logs", "demo"]
+        refused = run_cli(args, home=workdir)
+        machines = demo.state_dir / "machines.yaml"
+        assert refused.returncode == 1
+        assert refused.stderr.decode() == (
+            "Error from server (BadRequest): Machine default/demo: the console is not kept, "
+            'so it has no log; keep it with the annotation subres.dev/keep-console="true" '
+            f"(in {machines}, under its metadata.annotations; subres re-reads the file)\n"
+        )
+        # As advised: the annotation, in that file.
+        docs = list(yaml.safe_load_all(machines.read_text()))
+        docs[0]["metadata"]["annotations"]["subres.dev/keep-console"] = "true"
+        machines.write_text(yaml.safe_dump_all(docs))
+        deadline = time.monotonic() + CLI_TIMEOUT
+        # The server re-reads the file on its own clock; nothing tells this process.
+        while (done := run_cli(args, home=workdir)).returncode != 0:
+            assert time.monotonic() < deadline, done.stderr
+        assert done.stderr == b""
