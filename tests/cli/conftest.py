@@ -74,15 +74,16 @@ def run_cli(
 
 
 async def run_cli_async(
-    args: Sequence[str | Path], *, home: Path, stdin: bytes = b""
+    args: Sequence[str | Path], *, home: Path, stdin: bytes = b"", path: str | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    """`run_cli` without blocking the event loop (a server in this test's loop must answer)."""
+    """`run_cli` without blocking the event loop (a server in this test's loop must answer);
+    `path` replaces PATH."""
     proc = await asyncio.create_subprocess_exec(
         *cli(*args),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=cli_env(home),
+        env={**cli_env(home), **({"PATH": path} if path else {})},
     )
     async with asyncio.timeout(CLI_TIMEOUT):
         out, err = await proc.communicate(stdin)

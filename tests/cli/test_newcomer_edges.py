@@ -14,14 +14,17 @@ import yaml
 
 from tests.cli.conftest import (
     CLI_TIMEOUT,
+    DEAD_PORT,
     START_TIMEOUT,
     cli,
     cli_env,
     read_until,
     run_cli,
+    run_cli_async,
     running_demo,
     stop,
 )
+from tests.support import machine, start_standalone
 
 BARE_PATH = "/usr/bin:/bin"
 """A PATH without this install: its virtualenv was never activated."""
@@ -121,3 +124,31 @@ def test_logs_of_a_console_not_kept_gives_advice_that_works_on_the_demo(workdir:
         while (done := run_cli(args, home=workdir)).returncode != 0:
             assert time.monotonic() < deadline, done.stderr
         assert done.stderr == b""
+
+
+async def test_vnc_says_the_machine_is_missing_before_looking_for_a_viewer(
+    tmp_path: Path,
+) -> None:
+    async with start_standalone(tmp_path, machine("vm1")) as subres:
+        done = await run_cli_async(
+            ["--kubeconfig", subres.kubeconfig(), "vnc", "nosuch"], home=tmp_path, path="/nowhere"
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode() == (
+        'Error from server (NotFound): machines.subres.dev "nosuch" not found '
+        'in namespace "default"\n'
+    )
+
+
+async def test_vnc_to_a_display_that_refuses_is_an_error_and_no_viewer(tmp_path: Path) -> None:
+    dead = {"vnc": {"endpoint": f"tcp://127.0.0.1:{DEAD_PORT}"}}
+    started = tmp_path / "viewer-started"
+    viewer = f"sh -c 'touch {started}' {{address}} {{port}}"
+    async with start_standalone(tmp_path, machine("vm1", status=dead)) as subres:
+        args: list[str | Path] = ["--kubeconfig", subres.kubeconfig(), "vnc", "vm1"]
+        args += ["--viewer", viewer]
+        done = await run_cli_async(args, home=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("Error from server (ServiceUnavailable): "), done.stderr
+    assert b"connection refused" in done.stderr.lower()
+    assert not started.exists()
