@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -24,7 +25,8 @@ from tests.cli.conftest import (
     running_demo,
     stop,
 )
-from tests.support import machine, start_standalone
+from tests.consoles import Console
+from tests.support import Backend, machine, start_standalone
 
 BARE_PATH = "/usr/bin:/bin"
 """A PATH without this install: its virtualenv was never activated."""
@@ -152,3 +154,26 @@ async def test_vnc_to_a_display_that_refuses_is_an_error_and_no_viewer(tmp_path:
     assert done.stderr.decode().startswith("Error from server (ServiceUnavailable): "), done.stderr
     assert b"connection refused" in done.stderr.lower()
     assert not started.exists()
+
+
+async def test_a_piped_script_through_a_kept_console_reads_no_earlier_scrollback(
+    tmp_path: Path,
+) -> None:
+    console = Console()
+    serial = await Backend(handler=console.handle).start_tcp()
+    kept = machine("vm1", console=serial.url, annotations={"subres.dev/keep-console": "true"})
+    try:
+        async with start_standalone(tmp_path, kept) as subres:
+            await serial.wait_open(1)
+            await console.say(b"an earlier session's output\r\n")
+            logs: list[str | Path] = ["--kubeconfig", subres.kubeconfig(), "logs", "vm1"]
+            async with asyncio.timeout(CLI_TIMEOUT):
+                # Nothing signals the keeper's delivery to another process.
+                while b"earlier" not in (await run_cli_async(logs, home=tmp_path)).stdout:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            args: list[str | Path] = ["--kubeconfig", subres.kubeconfig(), "console", "vm1"]
+            done = await run_cli_async(args, home=tmp_path, stdin=b"echo now\n")
+    finally:
+        await serial.stop()
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == (b"echo now\n", b"")
