@@ -274,21 +274,26 @@ def _sessions(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-A", "--all-namespaces", action="store_true", help="the sessions of every namespace"
     )
+    _output_format(parser)
+    _group_version(parser)
+
+
+def _output_format(parser: argparse.ArgumentParser) -> None:
+    # Checked by the verb, not by argparse: kubectl's refusal, not a usage line.
     parser.add_argument(
         "-o",
         "--output",
-        choices=("table", "json", "yaml"),
-        default="table",
-        help="how to print them",
+        metavar="FORMAT",
+        help="json, yaml, name or wide, as kubectl get's -o (default: a table)",
     )
-    _group_version(parser)
 
 
 def _recordings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar=TARGET, help="the machine whose recordings to read")
     parser.add_argument("name", nargs="?", help="the recording to save (default: list them)")
+    _output_format(parser)
     parser.add_argument(
-        "-o", "--output", metavar="FILE", help="where to save it (default: its name; - for stdout)"
+        "--file", metavar="FILE", help="where to save it (default: its name; - for stdout)"
     )
     _group_version(parser)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from tests.cli.conftest import (
     CLI_TIMEOUT,
     DEAD_PORT,
     START_TIMEOUT,
+    Demo,
     cli,
     cli_env,
     read_until,
@@ -177,3 +179,82 @@ async def test_a_piped_script_through_a_kept_console_reads_no_earlier_scrollback
         await serial.stop()
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == (b"echo now\n", b"")
+
+
+UNKNOWN_FORMAT = (
+    'error: unable to match a printer suitable for the output format "table", '
+    "allowed formats are: json,name,wide,yaml\n"
+)
+GROUP = "subresources.subres.dev"
+
+
+def subres_in(cwd: Path, demo: Demo, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """The CLI against `demo`, run in `cwd` (where a file it writes would land)."""
+    return subprocess.run(
+        cli("--kubeconfig", demo.kubeconfig, *args),
+        cwd=cwd,
+        capture_output=True,
+        env=cli_env(cwd),
+        timeout=CLI_TIMEOUT,
+        check=False,
+    )
+
+
+def test_recordings_take_kubectls_output_formats(demo: Demo, workdir: Path) -> None:
+    recorded = subres_in(workdir, demo, "console", "demo")  # stdin empty: a short session
+    assert recorded.returncode == 0, recorded.stderr
+    as_yaml = subres_in(workdir, demo, "recordings", "demo", "-o", "yaml")
+    assert as_yaml.returncode == 0, as_yaml.stderr
+    listed = yaml.safe_load(as_yaml.stdout)
+    assert listed["kind"] == "RecordingList" and listed["items"], listed
+    newest = listed["items"][0]["name"]
+    as_json = subres_in(workdir, demo, "recordings", "demo", "-o", "json")
+    assert json.loads(as_json.stdout) == listed
+    names = subres_in(workdir, demo, "recordings", "demo", "-o", "name")
+    assert names.stdout.decode().splitlines()[0] == f"recording.{GROUP}/{newest}"
+    wide = subres_in(workdir, demo, "recordings", "demo", "-o", "wide")
+    assert wide.stdout.split(b"\n", 1)[0].split() == [
+        b"NAME", b"SIZE", b"STARTED", b"TITLE", b"SUBRESOURCE", b"MODIFIED"
+    ]  # fmt: skip
+    # A name as -o name prints it saves that recording.
+    saved = subres_in(
+        workdir, demo, "recordings", "demo", f"recording.{GROUP}/{newest}", "--file", "-"
+    )
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.startswith(b'{"version": 2'), saved.stdout[:80]
+    # With a recording's name, -o is no file name.
+    refused = subres_in(workdir, demo, "recordings", "demo", newest, "-o", "yaml")
+    assert (refused.returncode, refused.stdout) == (1, b"")
+    assert refused.stderr.decode() == (
+        "error: -o is how the list of recordings is printed; to save a recording elsewhere "
+        "than in a file of its own name, pass --file FILE (- for stdout)\n"
+    )
+    assert list(workdir.iterdir()) == []
+    unknown = subres_in(workdir, demo, "recordings", "demo", "-o", "table")
+    assert (unknown.returncode, unknown.stdout, unknown.stderr.decode()) == (1, b"", UNKNOWN_FORMAT)
+
+
+def test_sessions_take_kubectls_output_formats(demo: Demo, workdir: Path) -> None:
+    argv = cli("--kubeconfig", demo.kubeconfig, "console", "demo")
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=cli_env(workdir)
+    ) as holder:
+        assert holder.stdin is not None
+        try:
+            deadline = time.monotonic() + CLI_TIMEOUT
+            # Until the console is held: nothing signals it to this process.
+            while not (names := subres_in(workdir, demo, "sessions", "-o", "name")).stdout:
+                assert time.monotonic() < deadline, names.stderr
+            assert re.fullmatch(
+                rf"session\.{GROUP}/demo-console-[0-9a-f]{{8}}\n", names.stdout.decode()
+            )
+            wide = subres_in(workdir, demo, "sessions", "-o", "wide")
+            assert wide.returncode == 0, wide.stderr
+            header, row = wide.stdout.decode().splitlines()
+            assert header.split()[-3:] == ["DIALECT", "RECORDED", "REPLICA"]
+            assert row.split()[-3:-1] == ["v5.channel.k8s.io", "true"], row
+        finally:
+            holder.stdin.close()
+            holder.wait(CLI_TIMEOUT)
+    unknown = subres_in(workdir, demo, "sessions", "-o", "table")
+    assert (unknown.returncode, unknown.stdout, unknown.stderr.decode()) == (1, b"", UNKNOWN_FORMAT)
