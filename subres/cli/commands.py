@@ -18,9 +18,11 @@ from typing import NamedTuple
 
 __all__ = [
     "DEFAULT_GROUP_VERSION",
+    "OUTPUT_FORMATS",
     "TRANSPORTS",
     "VERBS",
     "PortSpec",
+    "Suggested",
     "Verb",
     "add_client_flags",
     "parse_addresses",
@@ -278,11 +280,25 @@ def _sessions(parser: argparse.ArgumentParser) -> None:
     _group_version(parser)
 
 
+class Suggested(tuple[str, ...]):
+    """Choices that `--help` and shell completion offer but argparse never enforces: the
+    verb refuses any other value itself, in kubectl's words rather than a usage line."""
+
+    __slots__ = ()
+
+    def __contains__(self, value: object) -> bool:
+        return True
+
+
+OUTPUT_FORMATS = Suggested(("json", "name", "wide", "yaml"))
+"""What the listing verbs' `-o` takes (`subres.cli.printers`); without it, a table."""
+
+
 def _output_format(parser: argparse.ArgumentParser) -> None:
-    # Checked by the verb, not by argparse: kubectl's refusal, not a usage line.
     parser.add_argument(
         "-o",
         "--output",
+        choices=OUTPUT_FORMATS,
         metavar="FORMAT",
         help="json, yaml, name or wide, as kubectl get's -o (default: a table)",
     )

@@ -13,21 +13,22 @@ import json
 from typing import Any
 
 from subres.cli.api import CommandError
+from subres.cli.commands import OUTPUT_FORMATS
 
-__all__ = ["FORMATS", "WHOLE", "check", "format_table", "print_whole"]
+__all__ = ["WHOLE", "check", "format_table", "print_whole"]
 
-FORMATS = ("json", "name", "wide", "yaml")
-"""What `-o` takes; without it, a table."""
+KNOWN = frozenset(OUTPUT_FORMATS)
+"""The formats, to test against (`OUTPUT_FORMATS` lets argparse take any value)."""
 WHOLE = ("json", "name", "yaml")
 """The formats printed from the list object itself rather than from a table."""
 
 
 def check(output: str | None) -> None:
     """Refuse a format no listing prints, as kubectl refuses one (exit 1)."""
-    if output is not None and output not in FORMATS:
+    if output is not None and output not in KNOWN:
         raise CommandError(
             f'unable to match a printer suitable for the output format "{output}", '
-            f"allowed formats are: {','.join(FORMATS)}"
+            f"allowed formats are: {','.join(OUTPUT_FORMATS)}"
         )
 
 

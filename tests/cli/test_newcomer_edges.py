@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from subres import main
 from tests.cli.conftest import (
     CLI_TIMEOUT,
     DEAD_PORT,
@@ -258,3 +261,57 @@ def test_sessions_take_kubectls_output_formats(demo: Demo, workdir: Path) -> Non
             holder.wait(CLI_TIMEOUT)
     unknown = subres_in(workdir, demo, "sessions", "-o", "table")
     assert (unknown.returncode, unknown.stdout, unknown.stderr.decode()) == (1, b"", UNKNOWN_FORMAT)
+
+
+def completed(shell: str, script: str, line: str) -> list[str]:
+    """What `shell`, having loaded `script`, offers for `line` (the cursor at its end)."""
+    if shell == "bash":
+        words = shlex.split(line) + ([""] if line.endswith(" ") else [])
+        program = (
+            f"{script}\nCOMP_WORDS=({' '.join(map(shlex.quote, words))})\n"
+            f"COMP_CWORD={len(words) - 1}\n_subres\nprintf '%s\\n' \"${{COMPREPLY[@]}}\""
+        )
+        argv = ["bash", "-c", program]
+    else:  # fish answers for a command line itself
+        argv = ["fish", "--no-config", "-c", f"{script}\ncomplete -C {shlex.quote(line)}"]
+    done = subprocess.run(argv, capture_output=True, timeout=CLI_TIMEOUT, check=True)
+    return sorted(line.split("\t")[0] for line in done.stdout.decode().splitlines() if line)
+
+
+def test_completion_scripts_complete_what_the_parser_parses(workdir: Path) -> None:
+    scripts = {}
+    for shell in ("bash", "zsh", "fish"):
+        done = run_cli(["completion", shell], home=workdir)
+        assert (done.returncode, done.stderr) == (0, b""), done.stderr
+        scripts[shell] = done.stdout.decode()
+    for shell in ("bash", "fish"):
+        script = scripts[shell]
+        assert completed(shell, script, "subres rec") == ["recordings"]
+        assert completed(shell, script, "subres --kubeconfig k recordings demo -o ") == [
+            "json", "name", "wide", "yaml"
+        ]  # fmt: skip
+        assert completed(shell, script, "subres port-forward vm1 --transport ") == [
+            "spdy", "tunnel", "websocket"
+        ]  # fmt: skip
+    # Every verb's every flag, as the parser has them: the script cannot drift from it.
+    top = main.parser()
+    [verbs] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    assert completed("bash", scripts["bash"], "subres ") == sorted(
+        [*verbs.choices, *(n for a in top._actions for n in a.option_strings)]
+    )
+    for name, verb in verbs.choices.items():
+        flags = [
+            n
+            for a in verb._actions
+            if a.help != argparse.SUPPRESS
+            for n in a.option_strings
+            if n.startswith("--")
+        ]
+        assert completed("bash", scripts["bash"], f"subres {name} --") == sorted(flags), name
+    # zsh: the script loads as a completion function and is bound to the command.
+    zsh = subprocess.run(
+        ["zsh", "-f", "-c", "autoload -U compinit; compinit -u -D; source /dev/stdin; "
+         "print -r -- $_comps[subres] $_comps[kubectl-subres]"],
+        input=scripts["zsh"].encode(), capture_output=True, timeout=CLI_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert (zsh.returncode, zsh.stdout, zsh.stderr) == (0, b"_subres _subres\n", b"")
