@@ -240,12 +240,12 @@ def complete(options: Options) -> Server:
         caches=caches,
         authenticator=authenticator,
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
+        parents_file=options.standalone,
         tls_ready=tls.ready,
         secrets=CachedSecrets(secrets),
         connections=connections.Guard(options.connections),
         agents=_agents(options, StaticDirectory(dict(options.agents))),
         audit=SessionAudit(audit.open_log(options.session_audit_log)),
-        parents_file=options.standalone,
     )
     return Server(options=options, state=state, tls=tls, source=source, polled=(authenticator,))
 
