@@ -64,6 +64,14 @@ def _serve(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _completion(ns: argparse.Namespace) -> int:
+    from subres.cli import completion
+
+    # Every verb's flags loaded: the script completes all of them.
+    print(completion.script(parser(), ns.shell), end="")
+    return 0
+
+
 _VERBS = (
     _Verb(
         "serve",
@@ -96,6 +104,14 @@ _VERBS = (
     *(
         _Verb(v.name, v.summary, v.description, v.flags, f"{v.module}:main")
         for v in client_commands.VERBS
+    ),
+    _Verb(
+        "completion",
+        "print a shell completion script (bash, zsh or fish)",
+        "Print the completion script of a shell for subres, made from its own command "
+        "line: for bash, source <(subres completion bash).",
+        "subres.cli.completion:add_arguments",
+        _completion,
     ),
 )
 _CLIENT = frozenset(v.name for v in client_commands.VERBS)

@@ -135,6 +135,11 @@ async def test_demo_stops_cleanly_on_sigterm_and_takes_its_keys_away(demo: Demo)
     async with asyncio.timeout(15):
         said = (await demo.proc.stdout.read()).decode()
         assert await demo.proc.wait() == 0
-    assert sorted(p.name for p in demo.dir.iterdir()) == ["recordings", "sessions.jsonl"]
+    assert sorted(p.name for p in demo.dir.iterdir()) == [
+        "machines.yaml",
+        "recordings",
+        "sessions.jsonl",
+    ]
+    assert "PRIVATE KEY" not in (demo.dir / "machines.yaml").read_text()
     assert f"stopped: removed the keys, token and kubeconfig from {demo.dir}" in said
     assert "kept recordings/ and sessions.jsonl" in said

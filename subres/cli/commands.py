@@ -18,9 +18,11 @@ from typing import NamedTuple
 
 __all__ = [
     "DEFAULT_GROUP_VERSION",
+    "OUTPUT_FORMATS",
     "TRANSPORTS",
     "VERBS",
     "PortSpec",
+    "Suggested",
     "Verb",
     "add_client_flags",
     "parse_addresses",
@@ -274,21 +276,40 @@ def _sessions(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-A", "--all-namespaces", action="store_true", help="the sessions of every namespace"
     )
+    _output_format(parser)
+    _group_version(parser)
+
+
+class Suggested(tuple[str, ...]):
+    """Choices that `--help` and shell completion offer but argparse never enforces: the
+    verb refuses any other value itself, in kubectl's words rather than a usage line."""
+
+    __slots__ = ()
+
+    def __contains__(self, value: object) -> bool:
+        return True
+
+
+OUTPUT_FORMATS = Suggested(("json", "name", "wide", "yaml"))
+"""What the listing verbs' `-o` takes (`subres.cli.printers`); without it, a table."""
+
+
+def _output_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o",
         "--output",
-        choices=("table", "json", "yaml"),
-        default="table",
-        help="how to print them",
+        choices=OUTPUT_FORMATS,
+        metavar="FORMAT",
+        help="json, yaml, name or wide, as kubectl get's -o (default: a table)",
     )
-    _group_version(parser)
 
 
 def _recordings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar=TARGET, help="the machine whose recordings to read")
     parser.add_argument("name", nargs="?", help="the recording to save (default: list them)")
+    _output_format(parser)
     parser.add_argument(
-        "-o", "--output", metavar="FILE", help="where to save it (default: its name; - for stdout)"
+        "--file", metavar="FILE", help="where to save it (default: its name; - for stdout)"
     )
     _group_version(parser)
 

@@ -11,7 +11,10 @@ looks for Ctrl+]; `--moderate` through `console-moderate`, which a moderated
 writer waits for (`--moderate --end` ends that writer's session). In a
 terminal, it first asks before taking the console from someone who writes on
 it (`subres.cli.takeover`; `--force` does not). Under a server's limits it
-says how long is left once it is short (`subres.cli.timeleft`).
+says how long is left once it is short (`subres.cli.timeleft`). A kept
+console replays its scrollback to whoever attaches; a script piped in
+(stdin not a terminal) asks for none (`?tail=0`) unless `--tail` says how
+much, so its output is its own, not earlier sessions'.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ async def _console(
         )
         observe = chosen == takeover.OBSERVER
     sub = "console-moderate" if ns.moderate else "console-observe" if observe else "console"
-    options = {"tail": ns.tail, "console": ns.console}
+    tail = ns.tail if ns.tail is not None or interactive else 0
+    options = {"tail": tail, "console": ns.console}
     query = urlencode({k: v for k, v in options.items() if v is not None})
     address = api.object_url(config, target, group_version=group_version) + f"/{sub}"
     address += f"?{query}" if query else ""

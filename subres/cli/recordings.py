@@ -1,9 +1,11 @@
 """`subres recordings TARGET [NAME]`: a machine's recorded console sessions, listed or saved.
 
-Lists them (`…/machines/NAME/recordings`) as a table, newest first, or saves
-one (`…/recordings/NAME`) to `-o FILE` (its own name by default, `-` for
-stdout), streamed: `subres replay` plays the file. Reading them needs `get`
-on `machines/recordings`, whoever can reach the files.
+Lists them (`…/machines/NAME/recordings`) newest first, in the formats of
+kubectl's `-o` (`subres.cli.printers`: a table, `wide`, `json`, `yaml`,
+`name`), or saves one (`…/recordings/NAME`) to `--file FILE` (its own name
+by default, `-` for stdout), streamed: `subres replay` plays the file. NAME
+may be written as `-o name` prints it. Reading them needs `get` on
+`machines/recordings`, whoever can reach the files.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from subres.cli import api, kubeconfig
+from subres.cli import api, invocation, kubeconfig, printers
 from subres.cli.api import CommandError
 from subres.cli.kubeconfig import ClientConfig
-from subres.cli.sessions import format_table
 
 __all__ = ["main"]
 
@@ -28,12 +29,22 @@ NONE_WHY = (
     "Its console sessions are recorded when the server has a recordings directory "
     '(consoles.recordings) and the machine opts in (subres.dev/record-console: "true").'
 )
+COLUMNS = ("Name", "Size", "Started", "Title")
+WIDE = ("Subresource", "Modified")
+"""The columns `-o wide` adds."""
+KIND = "recording"
 
 
 # Every verb's `main` has this shape (the kubeconfig, then the verb's coroutine).
 @api.command
 def main(ns: argparse.Namespace) -> int:
     """List the recordings, or save one; 0."""
+    if ns.name is not None and ns.output is not None:
+        raise CommandError(
+            "-o is how the list of recordings is printed; to save a recording "
+            "elsewhere than in a file of its own name, pass --file FILE (- for stdout)"
+        )
+    printers.check(ns.output)
     config = kubeconfig.from_args(ns)
     return asyncio.run(_recordings(config, ns))
 
@@ -47,34 +58,43 @@ async def _recordings(config: ClientConfig, ns: argparse.Namespace) -> int:
     url += "/recordings"
     if ns.name is None:
         body = await api.get(config, url, max_body=MAX_LIST, target=target)
-        items = api.json_object(body).get("items") or []
-        columns = ["Name", "Size", "Started", "Title"]
-        rows = [
-            {"cells": [i.get("name"), i.get("size"), i.get("started"), i.get("title")]}
-            for i in items
-            if isinstance(i, dict)
-        ]
-        table = {"columnDefinitions": [{"name": c} for c in columns], "rows": rows}
-        text = format_table(table, namespaces=False)
-        if not text:
-            print(f"No recordings of {target}. {NONE_WHY}", file=sys.stderr)
-            return 0
-        print(text)
-        newest = shlex.quote(str(rows[0]["cells"][0]))
-        namespace = f" -n {shlex.quote(ns.namespace)}" if ns.namespace else ""
-        again = f"subres recordings {shlex.quote(ns.target)}{namespace} {newest}"
-        print(f"Play the newest: {again} -o - | subres replay -", file=sys.stderr)
-        return 0
-    output = ns.output or ns.name
+        return _listed(api.json_object(body), ns, target=target)
+    name = ns.name.rpartition("/")[2]  # as `-o name` prints it: KIND.GROUP/NAME
+    output = ns.file or name
     saved = _Saved(output)
     try:
-        await api.get(
-            config, f"{url}/{ns.name}", max_body=MAX_LIST, target=target, sink=saved.write
-        )
+        await api.get(config, f"{url}/{name}", max_body=MAX_LIST, target=target, sink=saved.write)
     finally:
         saved.close()
     if output != "-":
-        print(f"Saved {ns.name} to {output}; play it with: subres replay {output}", file=sys.stderr)
+        play = f"{invocation.command()} replay {shlex.quote(output)}"
+        print(f"Saved {name} to {output}; play it with: {play}", file=sys.stderr)
+    return 0
+
+
+def _listed(document: dict[str, Any], ns: argparse.Namespace, *, target: api.Target) -> int:
+    """Print the list as `-o` says; with a table, how to play the newest."""
+    if ns.output in printers.WHOLE:
+        group = ns.api_group_version.split("/")[0]
+        printers.print_whole(document, ns.output, kind=f"{KIND}.{group}")
+        return 0
+    items = [i for i in document.get("items") or [] if isinstance(i, dict)]
+    fields = ["name", "size", "started", "title", "subresource", "modified"]
+    definitions = [{"name": c, "priority": 0} for c in COLUMNS]
+    table = {
+        "columnDefinitions": definitions + [{"name": c, "priority": 1} for c in WIDE],
+        "rows": [{"cells": [i.get(f) for f in fields]} for i in items],
+    }
+    text = printers.format_table(table, namespaces=False, wide=ns.output == "wide")
+    if not text:
+        print(f"No recordings of {target}. {NONE_WHY}", file=sys.stderr)
+        return 0
+    print(text)
+    subres = invocation.command()
+    newest = shlex.quote(str(items[0].get("name")))
+    namespace = f" -n {shlex.quote(ns.namespace)}" if ns.namespace else ""
+    again = f"{subres} recordings {shlex.quote(ns.target)}{namespace} {newest}"
+    print(f"Play the newest: {again} --file - | {subres} replay -", file=sys.stderr)
     return 0
 
 

@@ -2,22 +2,20 @@
 
 Reads the `Session` objects of one machine (`…/machines/NAME/sessions`), of
 the namespace, or of every namespace (`-A`) as a `meta.k8s.io` Table, the
-same request `kubectl get sessions.subresources.subres.dev` makes; `-o json`
-and `-o yaml` print the `SessionList` itself, as kubectl's `-o` does.
+same request `kubectl get sessions.subresources.subres.dev` makes, in the
+formats of kubectl's `-o` (`subres.cli.printers`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-from typing import Any
 
-from subres.cli import api, kubeconfig
+from subres.cli import api, kubeconfig, printers
 from subres.cli.kubeconfig import ClientConfig
 
-__all__ = ["format_table", "main"]
+__all__ = ["main"]
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 MAX_BODY = 16 << 20
@@ -26,6 +24,7 @@ MAX_BODY = 16 << 20
 @api.command
 def main(ns: argparse.Namespace) -> int:
     """Print the sessions; 0."""
+    printers.check(ns.output)
     config = kubeconfig.from_args(ns)
     return asyncio.run(_sessions(config, ns))
 
@@ -44,41 +43,20 @@ async def _sessions(config: ClientConfig, ns: argparse.Namespace) -> int:
         url = f"{base}/sessions"
     else:
         url = f"{base}/namespaces/{config.namespace}/sessions"
-    whole = ns.output in ("json", "yaml")
+    whole = ns.output in printers.WHOLE
     body = await api.get(config, url, max_body=MAX_BODY, accept=None if whole else TABLE)
     document = api.json_object(body)
-    if ns.output == "json":
-        print(json.dumps(document, indent=2))
+    if whole:
+        printers.print_whole(document, ns.output, kind=f"session.{group_version.split('/')[0]}")
         return 0
-    if ns.output == "yaml":
-        import yaml  # only for this output: the verb's start stays light
-
-        print(yaml.safe_dump(document, sort_keys=False), end="")
-        return 0
-    text = format_table(document, namespaces=bool(ns.all_namespaces and not ns.target))
+    text = printers.format_table(
+        document,
+        namespaces=bool(ns.all_namespaces and not ns.target),
+        wide=ns.output == "wide",
+    )
     if text:
         print(text)
     else:
         where = "any namespace" if ns.all_namespaces else f"namespace {config.namespace!r}"
         print(f"No sessions found in {where}.", file=sys.stderr)
     return 0
-
-
-def format_table(table: dict[str, Any], *, namespaces: bool) -> str:
-    """A Table's columns and rows as `kubectl get` prints them; "" when it has no rows."""
-    columns = [c for c in table.get("columnDefinitions") or [] if c.get("priority", 0) == 0]
-    rows = table.get("rows") or []
-    if not rows:
-        return ""
-    header = [str(c.get("name", "")).upper() for c in columns]
-    lines = [[str(cell) for cell in row.get("cells", [])[: len(columns)]] for row in rows]
-    if namespaces:
-        header.insert(0, "NAMESPACE")
-        for line, row in zip(lines, rows, strict=True):
-            meta = (row.get("object") or {}).get("metadata") or {}
-            line.insert(0, str(meta.get("namespace", "")))
-    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
-    return "\n".join(
-        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [header, *lines]
-    )

@@ -3,13 +3,16 @@
 Owns the verb's flags, the local TCP listener (127.0.0.1 by default) whose
 connections are relayed to the `vnc` subresource, `--proxy-only` (prints
 `{"port": N}` and relays until interrupted), and finding and starting a
-viewer. Before listening, a dry run (`api.dry_run`) makes a
-refusal (machine stopped, no display) an error at once rather than a viewer
-that cannot connect, without taking the display from whoever views it. Each
-local connection then opens its own WebSocket when it arrives, so a viewer
-never gets one that someone else took over meanwhile; a refusal then, or a
-display that ends for a reason (taken over, the machine's VNC server gone),
-is said on stderr, since a viewer shows only that it was disconnected.
+viewer. The machine comes first: before a viewer is looked for or anything
+listens, a dry run (`api.dry_run`) makes a refusal (no such machine, machine
+stopped, no display) an error at once, without taking the display from
+whoever views it. Before a viewer starts, its first connection is opened,
+which dials the display: a backend that refuses is an error (exit 1), not a
+viewer that cannot connect. Each later local connection opens its own
+WebSocket when it arrives, so a viewer never gets one that someone else took
+over meanwhile; a refusal then, or a display that ends for a reason (taken
+over, the machine's VNC server gone), is said on stderr, since a viewer
+shows only that it was disconnected.
 `--view-only` relays to `vnc-observe` instead: the viewer watches, its input
 goes nowhere, and nobody is taken over. The relaying itself is the
 port-forward verb's (`portforward.bridge`).
@@ -56,14 +59,11 @@ def viewer_command(template: str | None) -> list[str]:
 def main(ns: argparse.Namespace) -> int:
     """Relay until interrupted (or until the viewer exits)."""
     typed = api.parse_target(ns.target)
-    viewer = None if ns.proxy_only else viewer_command(ns.viewer)
     config = kubeconfig.from_args(ns)
-    return asyncio.run(_vnc(config, typed, ns, viewer))
+    return asyncio.run(_vnc(config, typed, ns))
 
 
-async def _vnc(
-    config: ClientConfig, typed: api.TargetText, ns: argparse.Namespace, viewer: list[str] | None
-) -> int:
+async def _vnc(config: ClientConfig, typed: api.TargetText, ns: argparse.Namespace) -> int:
     group_version = ns.api_group_version
     target = await api.resolve(
         typed, config, group_version=group_version, namespace_flag=ns.namespace
@@ -72,6 +72,7 @@ async def _vnc(
     sub = "vnc-observe" if ns.view_only else "vnc"
     checked = api.object_url(config, target, group_version=group_version, websocket=False)
     await api.dry_run(config, f"{checked}/{sub}", target=target)
+    viewer = None if ns.proxy_only else viewer_command(ns.viewer)
     return await _Relay(config, f"{base}/{sub}", target).run(ns.address, ns.port, viewer)
 
 
@@ -84,6 +85,8 @@ class _Relay:
         self._target = target
         self._connections: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
+        self._first: portforward.WebSocketLink | None = None
+        """The viewer's first connection, opened before the viewer starts."""
 
     async def run(self, address: str, port: int, viewer: list[str] | None) -> int:
         try:
@@ -97,10 +100,15 @@ class _Relay:
                     print(json.dumps({"port": bound}), flush=True)
                     await self._stop.wait()
                     return 0
+                self._first = await portforward.open_link(
+                    self._config, self._url, target=self._target
+                )
                 return await self._view(viewer, address=address, port=bound)
         finally:
             server.close()
             await self._end_connections()
+            if self._first is not None:  # the viewer never connected
+                await self._first.close()
 
     async def _view(self, viewer: list[str], *, address: str, port: int) -> int:
         argv = [arg.format(address=address, port=port) for arg in viewer]
@@ -127,7 +135,9 @@ class _Relay:
         assert task is not None
         self._connections.add(task)
         try:
-            link = await portforward.open_link(self._config, self._url, target=self._target)
+            link, self._first = self._first, None
+            if link is None:
+                link = await portforward.open_link(self._config, self._url, target=self._target)
             await portforward.bridge(reader, writer, link)
             if why := link.ended_by_server():
                 print(f"{self._target}: the display session ended: {why}", file=sys.stderr)

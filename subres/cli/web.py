@@ -16,7 +16,11 @@ console and vnc WebSockets and their read-only shares (`console-observe`,
 `vnc-observe`); the page's plain GETs of who holds the machine (`sessions`)
 and of its recordings (`recordings`, `recordings/FILE`); and a plain GET of
 a console or display, which the server answers with the Status its checks
-give (no dial), for the page to say why a connection was refused.
+give (no dial), for the page to say why a connection was refused. A browser
+hides a refused upgrade's answer from the page, but this relay read it: the
+refusal of a console or display is kept (`_Refusals`) and is what the page's
+GET that follows gets, so the page says what the CLI says, a backend's
+refusal included, which no check without a dial could tell.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import logging
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote, urlsplit
 
@@ -57,6 +62,9 @@ MAX_READ = 16 << 20
 KEY_BYTES = 32
 MAX_MESSAGE = 4 * 1024 * 1024
 CLOSE_TIMEOUT = 10.0
+REFUSAL_TTL = 30.0
+"""Seconds a refused upgrade's Status waits for the page to ask why."""
+MAX_REFUSALS = 64
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -112,10 +120,13 @@ def build(config: ClientConfig, settings: page.PageSettings, *, key: str) -> web
     app.router.add_get("/", _to_page)
     sub = f"{settings.api_prefix}/namespaces/{{namespace}}/{{resource}}/{{name}}/{{sub}}"
     live: set[web.WebSocketResponse] = set()
+    refusals = _Refusals()
 
     async def relay(request: web.Request) -> web.StreamResponse:
         _check_key(request, key)
-        return await _relay(config, settings.api_prefix, request, live)
+        if "Upgrade" not in request.headers:
+            return await _read(config, settings.api_prefix, request, refusals)
+        return await _relay(config, settings.api_prefix, request, live, refusals)
 
     async def close_live(_: web.Application) -> None:
         # Open sessions would otherwise hold the shutdown until the browser lets go.
@@ -124,7 +135,7 @@ def build(config: ClientConfig, settings: page.PageSettings, *, key: str) -> web
 
     async def read(request: web.Request) -> web.StreamResponse:
         _check_key(request, key)
-        return await _read(config, settings.api_prefix, request)
+        return await _read(config, settings.api_prefix, request, refusals)
 
     app.router.add_get(sub, relay)
     app.router.add_get(f"{sub}/{{file}}", read)
@@ -230,12 +241,49 @@ def same_origin(request: web.Request) -> bool:
     return request.headers.get("Origin") == f"http://{request.host}"
 
 
+class _Refusals:
+    """The last refused upgrade of each console or display, until the page asks why."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, ...], tuple[float, CommandError]] = {}
+
+    def keep(self, request: web.Request, refusal: CommandError) -> None:
+        if len(self._kept) >= MAX_REFUSALS:
+            del self._kept[next(iter(self._kept))]  # the oldest: the page asks at once
+        self._kept[self._key(request)] = (time.monotonic(), refusal)
+
+    def take(self, request: web.Request) -> CommandError | None:
+        """What refused this subresource lately; None if nothing did."""
+        kept = self._kept.pop(self._key(request), None)
+        if kept is None or time.monotonic() - kept[0] > REFUSAL_TTL:
+            return None
+        return kept[1]
+
+    @staticmethod
+    def _key(request: web.Request) -> tuple[str, ...]:
+        # The page's GET is the upgrade's request plus ?dryRun=All.
+        query = sorted(f"{k}={v}" for k, v in request.query.items() if k != "dryRun")
+        names = ("namespace", "resource", "name", "sub")
+        return (*(request.match_info[n] for n in names), *query)
+
+
+def _status(exc: CommandError) -> web.Response:
+    """A failure as the Status the page reads: the server's, or ours when none answered."""
+    if not isinstance(exc, ServerError):
+        body: dict[str, object] = {"kind": "Status", "status": "Failure", "message": str(exc)}
+        return web.json_response({**body, "code": 502}, status=502)
+    body = {"kind": "Status", "status": "Failure", "code": exc.code, "reason": exc.reason}
+    return web.json_response({**body, "message": exc.message}, status=exc.code)
+
+
 async def _relay(
-    config: ClientConfig, api_prefix: str, request: web.Request, live: set[web.WebSocketResponse]
+    config: ClientConfig,
+    api_prefix: str,
+    request: web.Request,
+    live: set[web.WebSocketResponse],
+    refusals: _Refusals,
 ) -> web.StreamResponse:
     """Open the cluster's WebSocket with our credentials, then accept the page's and pump."""
-    if "Upgrade" not in request.headers:
-        return await _read(config, api_prefix, request)
     if not same_origin(request):
         log.warning("refused a WebSocket from origin %s", request.headers.get("Origin"))
         raise web.HTTPForbidden(text="cross-origin WebSocket refused\n")
@@ -253,6 +301,7 @@ async def _relay(
     except CommandError as exc:
         code = exc.code if isinstance(exc, ServerError) else 502
         print(f"error: {request.match_info['name']} {sub}: {exc}", file=sys.stderr, flush=True)
+        refusals.keep(request, exc)
         return web.Response(status=code, text=f"{exc}\n")
     chosen = upstream.subprotocol
     ws = web.WebSocketResponse(protocols=(chosen,) if chosen else (), max_msg_size=MAX_MESSAGE)
@@ -281,8 +330,11 @@ def _offered(request: web.Request) -> list[str]:
     return channels.without_bearer(_protocols(request))
 
 
-async def _read(config: ClientConfig, api_prefix: str, request: web.Request) -> web.StreamResponse:
-    """A plain GET of the page's (sessions, recordings), made with our credentials, streamed back.
+async def _read(
+    config: ClientConfig, api_prefix: str, request: web.Request, refusals: _Refusals
+) -> web.StreamResponse:
+    """A plain GET of the page's (sessions, recordings), made with our credentials, streamed back;
+    of a console or display that was just refused, the refusal.
 
     Only the page itself may ask: a browser says where a request comes from
     (`Sec-Fetch-Site`, `Origin`), and another site's requests are refused.
@@ -292,6 +344,8 @@ async def _read(config: ClientConfig, api_prefix: str, request: web.Request) -> 
     readable = sub in READS or ("file" not in request.match_info and sub in SUBRESOURCES)
     if not readable or (site != "same-origin" or not same_origin_or_none(request)):
         raise web.HTTPForbidden(text="only the page may read this\n")
+    if sub in SUBRESOURCES and (refused := refusals.take(request)) is not None:
+        return _status(refused)
     content_type = RECORDING if "file" in request.match_info else "application/json"
     response = web.StreamResponse(
         headers={"Content-Type": content_type, "Cache-Control": "no-store"}
@@ -305,17 +359,8 @@ async def _read(config: ClientConfig, api_prefix: str, request: web.Request) -> 
     url = _upstream_url(config, api_prefix, request, websocket=False)
     try:
         await api.get(config, url, max_body=MAX_READ, sink=forward)
-    except ServerError as exc:
-        body = {
-            "kind": "Status",
-            "status": "Failure",
-            "code": exc.code,
-            "reason": exc.reason,
-            "message": exc.message,
-        }
-        return web.json_response(body, status=exc.code)
     except CommandError as exc:
-        return web.json_response({"kind": "Status", "message": str(exc)}, status=502)
+        return _status(exc)
     if not response.prepared:
         await response.prepare(request)
     await response.write_eof()

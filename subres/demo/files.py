@@ -6,8 +6,11 @@ kubeconfig holding that token, the machines file holding the console's SSH
 key, the configuration, the shell's readline settings and the display's
 socket. They are made afresh at every start and removed at stop (`remove`),
 so no key or token outlives the demo. What the user made stays: the console
-recordings (`recordings/`) and the audit log of their sessions
-(`sessions.jsonl`), to replay and read after the demo stopped.
+recordings (`recordings/`), the audit log of their sessions
+(`sessions.jsonl`), and the machines file the banner invites them to edit,
+without the console's key. The next start reads it back: the machines the
+user added and what they changed stay, and only the endpoints of the demo's
+own machines (`demo`, `stopped`: this run's ports) and its key are made afresh.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import secrets
 import shutil
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -27,7 +31,9 @@ __all__ = [
     "ADDRESS",
     "AUDIT",
     "KEPT",
+    "MACHINES",
     "RECORDINGS",
+    "MachinesError",
     "config",
     "kubeconfig",
     "machines",
@@ -44,11 +50,28 @@ MACHINES = "machines.yaml"
 CONFIG = "config.yaml"
 RECORDINGS = "recordings"
 AUDIT = "sessions.jsonl"
-KEPT = (RECORDINGS, AUDIT)
-"""What `remove` leaves: the user's recordings and the audit of their sessions."""
-GENERATED = (CERTS, TOKENS, KUBECONFIG, MACHINES, CONFIG, "inputrc", "vnc.sock", "demo.lock")
+KEPT = (MACHINES, RECORDINGS, AUDIT)
+"""What `remove` leaves: the user's machines (without the key), recordings and audit."""
+GENERATED = (CERTS, TOKENS, KUBECONFIG, CONFIG, "inputrc", "vnc.sock", "demo.lock")
 """What a demo writes and `remove` deletes (the lock last, once the rest is gone)."""
 RECORD_ANNOTATION = "subres.dev/record-console"
+NAMESPACE = "default"
+OWN_MACHINES = ("demo", "stopped")
+LOGIN = "demo-console"
+"""The Secret holding the console's SSH key: this run's, never kept."""
+RUN_FIELDS = ("console", "vnc", "portForward")
+"""The fields of the demo's own machines' `status` that name this run's endpoints."""
+HEADER = (
+    "# Machines the demo serves; edit me, subres re-reads this file.\n"
+    "# Kept when the demo stops (without the console's key); the next start keeps your\n"
+    "# changes and gives the demo's own machines (demo, stopped) that run's endpoints.\n"
+)
+PRIVATE_KEY = "PRIVATE KEY-----"
+"""What a file holding a private key contains (PEM and OpenSSH armour)."""
+
+
+class MachinesError(Exception):
+    """The kept machines file cannot be read back; the message says which and why."""
 
 
 def serving_pair(state_dir: Path) -> certs.ServingFiles:
@@ -105,13 +128,14 @@ def config(state_dir: Path) -> Path:
 
 
 def machines(state_dir: Path, *, web_port: int, console: SshShellServer) -> Path:
-    """The machines file: `demo` (running, its console recorded), `stopped`, the SSH Secret."""
+    """The machines file: `demo` (running, its console recorded), `stopped`, the SSH Secret,
+    and what a kept file from an earlier run holds (`MachinesError` if it cannot be read)."""
 
     def machine(name: str, phase: str, annotations: dict[str, str]) -> dict[str, object]:
         return {
             "apiVersion": "subres.dev/v1alpha1",
             "kind": "Machine",
-            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+            "metadata": {"name": name, "namespace": NAMESPACE, "annotations": annotations},
             "status": {
                 "phase": phase,
                 "console": {
@@ -127,19 +151,67 @@ def machines(state_dir: Path, *, web_port: int, console: SshShellServer) -> Path
     login = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "demo-console", "namespace": "default"},
+        "metadata": {"name": LOGIN, "namespace": NAMESPACE},
         "stringData": {"ssh-privatekey": key, "known_hosts": console.known_hosts()},
     }
-    header = "# Machines the demo serves; edit me, subres re-reads this file.\n"
-    documents = [
+    fresh = [
         machine("demo", "Running", {RECORD_ANNOTATION: "true"}),
         machine("stopped", "Stopped", {}),
-        login,
     ]
     path = state_dir / MACHINES
+    documents = [*_merged(_kept(path), fresh), login]
     # It holds the console's SSH key.
-    _private(path).write_text(header + yaml.safe_dump_all(documents, sort_keys=False))
+    _private(path).write_text(HEADER + yaml.safe_dump_all(documents, sort_keys=False))
     return path
+
+
+def _kept(path: Path) -> list[dict[str, Any]]:
+    """The documents of an earlier run's machines file; none when there is no such file."""
+    try:
+        documents = _documents(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError) as exc:
+        raise MachinesError(
+            f"{path}, kept from an earlier run, cannot be read back ({exc}); "
+            "fix it, or remove it to start with the demo's machines alone"
+        ) from None
+    return documents
+
+
+def _documents(text: str) -> list[dict[str, Any]]:
+    documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    if not all(isinstance(d, dict) for d in documents):
+        raise ValueError("every document must be a mapping")
+    return documents
+
+
+def _merged(kept: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`kept` with this run's endpoints in the demo's own machines; those missing, `fresh`."""
+    by_name = {_own(d): d for d in fresh}
+    out: list[dict[str, Any]] = []
+    for document in kept:
+        name = _own(document)
+        if name == LOGIN:
+            continue  # the key is this run's: `fresh`'s caller adds it
+        if name in by_name:
+            status = document.setdefault("status", {})
+            if isinstance(status, dict):
+                status.update({f: by_name[name]["status"][f] for f in RUN_FIELDS})
+            by_name.pop(name)
+        out.append(document)
+    return [*by_name.values(), *out]
+
+
+def _own(document: dict[str, Any]) -> str | None:
+    """The name of one of the demo's own objects (its machines, its Secret); else None."""
+    meta = document.get("metadata")
+    if not isinstance(meta, dict) or meta.get("namespace", NAMESPACE) != NAMESPACE:
+        return None
+    kind, name = document.get("kind"), meta.get("name")
+    if (kind == "Machine" and name in OWN_MACHINES) or (kind == "Secret" and name == LOGIN):
+        return str(name)
+    return None
 
 
 def kubeconfig(state_dir: Path, port: int) -> Path:
@@ -170,7 +242,9 @@ def kubeconfig(state_dir: Path, port: int) -> Path:
 
 
 def remove(state_dir: Path) -> None:
-    """Delete what the demo wrote (keys, token, kubeconfig, lock); keep `KEPT`."""
+    """Delete what the demo wrote (keys, token, kubeconfig, lock); keep `KEPT`, the
+    machines file without the console's key."""
+    _strip_key(state_dir / MACHINES)
     for name in GENERATED:
         path = state_dir / name
         if path.is_dir() and not path.is_symlink():
@@ -178,6 +252,25 @@ def remove(state_dir: Path) -> None:
         else:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+
+def _strip_key(path: Path) -> None:
+    """The machines file less the Secret holding the key; removed if it cannot be read,
+    as long as it may hold a key."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError):
+        path.unlink(missing_ok=True)  # not ours to read back: it may hold the key
+        return
+    try:
+        documents = [d for d in _documents(text) if _own(d) != LOGIN]
+    except (yaml.YAMLError, ValueError):
+        if PRIVATE_KEY in text:
+            path.unlink(missing_ok=True)
+        return
+    path.write_text(HEADER + yaml.safe_dump_all(documents, sort_keys=False))
 
 
 def _private(path: Path) -> Path:

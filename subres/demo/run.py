@@ -9,8 +9,8 @@ loopback, and the browser page behind `subres web`'s relay on plain HTTP on
 loopback (its link carries a key made for this run, so no certificate
 warning and no other local user's process can drive it), prints what to try
 (`subres.demo.banner`), and stops cleanly on Ctrl+C or SIGTERM, removing the
-keys and tokens it wrote. Quiet by default: no access log, and other
-libraries' INFO lines only with `-v`.
+keys and tokens it wrote and keeping the user's machines file. Quiet by
+default: no access log, and other libraries' INFO lines only with `-v`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 import asyncssh
 from aiohttp import web as aioweb
 
+from subres.cli import invocation, web
 from subres.cli import kubeconfig as kubeconfigs
-from subres.cli import web
 from subres.demo import banner, files
 from subres.demo import claim as claims
 from subres.demo.sshd import SshShellServer
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local/state"))
         / "subres-demo",
         help="where the kubeconfig, certificates and machines file go (removed at stop; "
-        "recordings and the session audit log stay)",
+        "the machines file without its key, recordings and the session audit log stay)",
     )
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port on 127.0.0.1 (0: any)")
     parser.add_argument(
@@ -173,6 +173,7 @@ def _banner(demo: Demo) -> str:
             kubeconfig=demo.kubeconfig,
             machines=demo.kubeconfig.parent / files.MACHINES,
             web_port=demo.website.port,
+            subres=invocation.command(),
         )
     )
 
@@ -198,17 +199,23 @@ async def _run(
         print("stopping", file=sys.stderr, flush=True)
         await demo.stop()
         files.remove(state_dir)
-        kept = " and ".join(
-            name + ("/" if (state_dir / name).is_dir() else "")
-            for name in files.KEPT
-            if (state_dir / name).exists()
-        )
-        print(
-            f"stopped: removed the keys, token and kubeconfig from {state_dir}"
-            + (f"; kept {kept} (yours to replay and read)" if kept else ""),
-            file=sys.stderr,
-            flush=True,
-        )
+        print(_stopped(state_dir), file=sys.stderr, flush=True)
+
+
+def _stopped(state_dir: Path) -> str:
+    """What stopping removed, and what it kept for the user."""
+    kept = [
+        name + ("/" if (state_dir / name).is_dir() else "")
+        for name in files.KEPT
+        if (state_dir / name).exists()
+    ]
+    said = f"stopped: removed the keys, token and kubeconfig from {state_dir}"
+    if files.MACHINES in kept:
+        said += f"; kept {files.MACHINES} (your machines, without the console's key)"
+        kept.remove(files.MACHINES)
+    if kept:
+        said += f"; kept {' and '.join(kept)} (yours to replay and read)"
+    return said
 
 
 def _port_free(port: int) -> None:
@@ -246,7 +253,7 @@ def main(ns: argparse.Namespace) -> int:
             finally:
                 # Ours to remove while we hold the claim, however the demo ended.
                 files.remove(state_dir)
-    except claims.DemoRunning as exc:
+    except (claims.DemoRunning, files.MachinesError) as exc:
         print(f"subres demo: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

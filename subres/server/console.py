@@ -93,8 +93,9 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         )
     ws, dialect = streaming.negotiate(state, request, "console", SUBPROTOCOLS)
     backend, relayed = await _backend(state, request, target, url, mode=mode, tail=tail)
-    if tail is not None and not _replays(state, target, backend):
-        # Said, not refused: the session is what was asked for, less a replay.
+    if tail and not _replays(state, target, backend):
+        # Said, not refused: the session is what was asked for, less a replay. A tail of
+        # 0 (what a piped `subres console` asks) gets just what it asked for: nothing.
         ws.headers.append(
             (hdrs.WARNING, status.warning(_NOTHING_TO_TAIL.format(target.describe())))
         )

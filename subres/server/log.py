@@ -169,12 +169,20 @@ def _kept(state: State, target: Target) -> Hub:
             f"{target.describe()}: the console is to be kept but is not yet "
             f"(at most consoles.maxKept={consoles.max_kept} are kept); try again",
         )
-    command = (
-        f"kubectl annotate {parent.crd_resource}.{parent.group} {target.name} "
-        f"-n {target.namespace} {consoles.keep_annotation}=true"
-    )
     raise StatusError(
         400,
         f"{target.describe()}: the console is not kept, so it has no log; keep it with the "
-        f'annotation {consoles.keep_annotation}="true" ({command})',
+        f'annotation {consoles.keep_annotation}="true" ({_how_to_annotate(state, target)})',
+    )
+
+
+def _how_to_annotate(state: State, target: Target) -> str:
+    """How the user adds the keep annotation: where the object lives decides."""
+    annotation = state.config.consoles.keep_annotation
+    if state.parents_file is not None:
+        return f"in {state.parents_file}, under its metadata.annotations; subres re-reads the file"
+    parent = target.parent
+    return (
+        f"kubectl annotate {parent.crd_resource}.{parent.group} {target.name} "
+        f"-n {target.namespace} {annotation}=true"
     )

@@ -242,6 +242,7 @@ def complete(options: Options) -> Server:
         caches=caches,
         authenticator=authenticator,
         authorizer=StandaloneAuthorizer(options.authorization_always_allow_paths),
+        parents_file=options.standalone,
         tls_ready=tls.ready,
         secrets=CachedSecrets(secrets),
         connections=connections.Guard(options.connections),

@@ -31,7 +31,16 @@ from subres.server.state import State
 from subres.serving.units import human_age, human_bytes, rfc3339
 from subres.sessions.session import Live, Record
 
-__all__ = ["COLUMNS", "elsewhere", "for_machine", "for_namespace", "fronted", "item", "unit"]
+__all__ = [
+    "COLUMNS",
+    "WIDE_COLUMNS",
+    "elsewhere",
+    "for_machine",
+    "for_namespace",
+    "fronted",
+    "item",
+    "unit",
+]
 
 TABLE = "as=Table"
 COLUMNS = (
@@ -45,6 +54,12 @@ COLUMNS = (
     ("Down", "string", "", "Bytes from the machine to the client so far."),
     ("Age", "string", "", "Time since the session started."),
 )
+WIDE_COLUMNS = (
+    ("Dialect", "string", "", "The protocol the client speaks (a subprotocol, or spdy)."),
+    ("Recorded", "boolean", "", "Whether the session is recorded."),
+    ("Replica", "string", "", "The replica that fronts it."),
+)
+"""Columns of priority 1: what `kubectl get -o wide` adds."""
 
 
 MAX_LISTING = 64 << 20
@@ -236,8 +251,9 @@ def unit(state: State, record: Record) -> str:
 
 def _table(items: list[dict[str, Any]], *, now: float) -> dict[str, Any]:
     columns = [
-        {"name": name, "type": kind, "format": fmt, "description": what, "priority": 0}
-        for name, kind, fmt, what in COLUMNS
+        {"name": name, "type": kind, "format": fmt, "description": what, "priority": priority}
+        for priority, group in enumerate((COLUMNS, WIDE_COLUMNS))
+        for name, kind, fmt, what in group
     ]
     rows = [
         {
@@ -251,6 +267,9 @@ def _table(items: list[dict[str, Any]], *, now: float) -> dict[str, Any]:
                 human_bytes(int(i["bytesUp"])),
                 human_bytes(int(i["bytesDown"])),
                 human_age(now - _parsed(str(i["since"]), now)),
+                i["dialect"],
+                i["recorded"],
+                i["replica"],
             ],
             "object": {
                 "kind": "PartialObjectMetadata",

@@ -10,6 +10,7 @@ import asyncio
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from subres.auth.attributes import Attributes
@@ -67,6 +68,9 @@ class State:
     readiness: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     """Further /readyz checks by name (cluster mode: the authentication configuration)."""
     agents: Agents | None = None
+    parents_file: Path | None = None
+    """Standalone: the file the parent objects are read from. Advice to change an object
+    names it, since no kubectl reaches objects that live there."""
     """How node-local endpoints are reached; None when no agents are configured."""
     sessions: Sessions = field(default_factory=Sessions)
     metrics: Metrics = field(default_factory=Metrics)

@@ -74,15 +74,16 @@ def run_cli(
 
 
 async def run_cli_async(
-    args: Sequence[str | Path], *, home: Path, stdin: bytes = b""
+    args: Sequence[str | Path], *, home: Path, stdin: bytes = b"", path: str | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    """`run_cli` without blocking the event loop (a server in this test's loop must answer)."""
+    """`run_cli` without blocking the event loop (a server in this test's loop must answer);
+    `path` replaces PATH."""
     proc = await asyncio.create_subprocess_exec(
         *cli(*args),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=cli_env(home),
+        env={**cli_env(home), **({"PATH": path} if path else {})},
     )
     async with asyncio.timeout(CLI_TIMEOUT):
         out, err = await proc.communicate(stdin)
@@ -138,11 +139,14 @@ def running(
 
 
 @contextlib.contextmanager
-def running_demo(*args: str, shell: str = "/bin/sh", before: Sequence[str] = ()) -> Iterator[Demo]:
-    """`subres BEFORE demo ARGS` on a free port with `shell` as the machine's console."""
+def running_demo(
+    *args: str, shell: str = "/bin/sh", before: Sequence[str] = (), path: str | None = None
+) -> Iterator[Demo]:
+    """`subres BEFORE demo ARGS` on a free port with `shell` as the machine's console
+    (and `path` as its PATH, when given)."""
     with tempfile.TemporaryDirectory(prefix="subres-demo-") as tmp:
         state = Path(tmp)
-        env = {**cli_env(state), "SHELL": shell}
+        env = {**cli_env(state), "SHELL": shell, **({"PATH": path} if path else {})}
         with (state / "server.log").open("wb") as log:
             proc = subprocess.Popen(
                 cli(*before, "demo", "--state-dir", state, "--port", "0", *args),

@@ -433,7 +433,8 @@ def test_group_version_kind_and_server_path_prefix(workdir: Path) -> None:
         done = run_cli([*args, "--api-group-version", "custom.example/v2"], home=workdir)
         path, headers = fake.requests.get(timeout=WAIT)
     assert done.returncode == 0, done.stderr
-    assert path == "/prefix/apis/custom.example/v2/namespaces/default/vms/web-1/console"
+    # Piped, so it asks a kept console for none of its scrollback.
+    assert path == "/prefix/apis/custom.example/v2/namespaces/default/vms/web-1/console?tail=0"
     assert "Authorization" not in headers
 
 

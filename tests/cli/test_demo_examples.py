@@ -163,7 +163,7 @@ def test_the_recordings_example_lists_the_console_sessions_and_says_how_to_play_
     name = listed.stdout.split(b"\n")[1].split()[0].decode()
     assert name.endswith(".cast")
     hint = listed.stderr.decode()
-    assert f"subres recordings demo {name} -o - | subres replay -" in hint
+    assert f"subres recordings demo {name} --file - | subres replay -" in hint
     played = _shell(f"{exported(shell_demo)}; {hint.split(': ', 1)[1].strip()}", workdir)
     assert played.returncode == 0, played.stderr
     assert os.uname().sysname.encode() in played.stdout  # what `uname -a` printed

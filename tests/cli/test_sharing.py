@@ -108,7 +108,7 @@ async def test_a_recording_is_listed_saved_and_replayed(subres: Standalone, tmp_
     assert header.split() == ["NAME", "SIZE", "STARTED", "TITLE"]
     name = row.split()[0]
     saved = tmp_path / "saved.cast"
-    code, _, err = await run(subres, "recordings", "vm1", name, "-o", str(saved), home=tmp_path)
+    code, _, err = await run(subres, "recordings", "vm1", name, "--file", str(saved), home=tmp_path)
     assert code == 0, err
     code, out, err = await run(subres, "replay", str(saved), "--speed", "1000", home=tmp_path)
     assert code == 0, err
@@ -121,7 +121,7 @@ async def test_a_missing_recording_is_a_not_found_and_no_file(
 ) -> None:
     target = tmp_path / "missing.cast"
     code, _, err = await run(
-        subres, "recordings", "vm1", "20240101T000000Z-00000000.cast", "-o", str(target),
+        subres, "recordings", "vm1", "20240101T000000Z-00000000.cast", "--file", str(target),
         home=tmp_path,
     )  # fmt: skip
     assert code == 1

@@ -141,13 +141,19 @@ async def test_bad_options_are_a_status(subres: Standalone, query: str, words: s
 
 
 async def test_a_console_not_kept_says_how_to_keep_it(subres: Standalone) -> None:
+    """Where the object lives: in the standalone file, or in the cluster (kubectl annotate)."""
     status, _, body = await get(subres, "plain")
-    assert status == 400
-    assert (
+    where = subres.server.state.parents_file
+    assert status == 400 and where is not None
+    said = (
         b"Machine default/plain: the console is not kept, so it has no log; keep it with the "
-        b'annotation subres.dev/keep-console=\\"true\\" (kubectl annotate machines.subres.dev '
-        b"plain -n default subres.dev/keep-console=true)"
-    ) in body
+        b'annotation subres.dev/keep-console=\\"true\\" '
+    )
+    assert said + f"(in {where}, under its metadata.annotations; ".encode() in body, body
+    subres.server.state.parents_file = None
+    status, _, body = await get(subres, "plain")
+    annotate = b"kubectl annotate machines.subres.dev plain -n default subres.dev/keep-console=true"
+    assert said + b"(" + annotate + b")" in body, body
 
 
 async def test_a_kind_that_never_keeps_says_so(tmp_path: Path, serial: Backend) -> None:

@@ -19,6 +19,7 @@ export class ConsoleView {
     this.onStatus = onStatus;
     this.encoder = new TextEncoder();
     this.ws = null;
+    this.final = false; // refused for good (401): Enter does not connect again
     this.terminal = new Terminal({
       cursorBlink: true,
       fontFamily: 'ui-monospace, "DejaVu Sans Mono", monospace',
@@ -73,12 +74,14 @@ export class ConsoleView {
     ws.onclose = async (event) => {
       // A refused upgrade reaches a page only as a lost connection: ask the server why.
       const sub = (mode === 'observer' ? 'console-observe' : 'console') + this.query();
-      const refused = opened ? '' : await this.why(sub);
-      const reason = this.failure || event.reason || refused
+      const refused = opened ? { text: '', final: false } : await this.why(sub);
+      const reason = this.failure || event.reason || refused.text
         || (event.code === 1000 ? 'closed' : 'connection lost');
+      this.final = refused.final;
       this.terminal.options.disableStdin = false;
       this.onStatus('disconnected', `console: ${reason}`);
-      this.terminal.write(`\r\n\x1b[2m[${reason}; press Enter to reconnect]\x1b[0m\r\n`);
+      const offer = this.final ? '' : '; press Enter to reconnect';
+      this.terminal.write(`\r\n\x1b[2m[${reason}${offer}]\x1b[0m\r\n`);
     };
     this.ws = ws;
   }
@@ -112,7 +115,7 @@ export class ConsoleView {
   send(channel, bytes) {
     if (this.ws === null) return;
     if (this.ws.readyState === WebSocket.CLOSED && channel === STDIN) {
-      if (bytes.includes(13)) this.connect();
+      if (bytes.includes(13) && !this.final) this.connect();
       return;
     }
     if (this.ws.readyState !== WebSocket.OPEN) return;

@@ -15,6 +15,7 @@ export class VncView {
     this.presence = presence;
     this.rfb = null;
     this.mode = null;
+    this.final = false;
   }
 
   async show() {
@@ -23,7 +24,7 @@ export class VncView {
       const held = holder(await this.presence.read(), 'vnc');
       this.mode = held ? await choose(this.element, held, { watch: 'View only' }) : 'writer';
     }
-    if (this.mode === 'choosing') return;
+    if (this.mode === 'choosing' || this.final) return;
     if (this.rfb === null) this.connect();
     this.rfb.focus();
   }
@@ -52,10 +53,18 @@ export class VncView {
       this.failure = event.detail.reason || 'authentication failed';
     });
     rfb.addEventListener('disconnect', async (event) => {
-      const refused = opened ? '' : await this.why(this.mode === 'observer' ? 'vnc-observe' : 'vnc');
-      const reason = this.failure || refused || (event.detail.clean ? 'closed' : 'connection lost');
-      this.onStatus('disconnected', `display: ${reason}; click to reconnect`);
+      const refused = opened
+        ? { text: '', final: false }
+        : await this.why(this.mode === 'observer' ? 'vnc-observe' : 'vnc');
+      const reason = this.failure || refused.text
+        || (event.detail.clean ? 'closed' : 'connection lost');
       this.rfb = null;
+      if (refused.final) {
+        this.final = true; // refused for good (401): nothing connects again
+        this.onStatus('disconnected', `display: ${reason}`);
+        return;
+      }
+      this.onStatus('disconnected', `display: ${reason}; click to reconnect`);
       this.element.addEventListener('click', () => this.show(), { once: true });
     });
     this.rfb = rfb;
