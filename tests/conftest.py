@@ -44,8 +44,10 @@ def pytest_asyncio_loop_factories(
 
 FULL_DIRS = frozenset({"cluster", "e2e", "browser", "examples", "bench"})
 """Directories of the whole suite only: a control plane, Chromium, QEMU, root, benchmarks."""
-FULL_FIXTURES = frozenset({"kubectl_bin", "kubepeer_bin", "virtctl_bin", "peer_binary", "sshd"})
-"""Fixtures that build a Go peer or start a program only scripts/test installs."""
+FULL_FIXTURES = frozenset(
+    {"kubectl_bin", "kubepeer_bin", "virtctl_bin", "peer_binary", "sshd", "browser_ready"}
+)
+"""Fixtures that build a Go peer or start a program only scripts/test installs (Chromium)."""
 FULL_FILES = frozenset(
     {
         "test_gotools.py",

@@ -278,6 +278,7 @@ def completed(shell: str, script: str, line: str) -> list[str]:
     return sorted(line.split("\t")[0] for line in done.stdout.decode().splitlines() if line)
 
 
+@pytest.mark.full  # zsh and fish: Debian packages scripts/test installs
 def test_completion_scripts_complete_what_the_parser_parses(workdir: Path) -> None:
     scripts = {}
     for shell in ("bash", "zsh", "fish"):
