@@ -224,7 +224,7 @@ class Live:
         """When the client last gave input, for its idle timeout; None for a session that
         takes none. A backend that tells input from other bytes (a display's viewer, whose
         update requests are not input) says when itself."""
-        if self.record.mode not in (WRITER, VIEWER, FORWARDER):
+        if self.record.mode not in (WRITER, VIEWER, FORWARDER, REDIRECTOR):
             return None
         last_input = getattr(self.backend, "last_input", None)
         if callable(last_input):
