@@ -29,6 +29,7 @@ from subres.kube.status import StatusError
 from subres.protocol import consolelog
 from subres.server import subresource
 from subres.server.state import State
+from subres.sessions import keeper
 from subres.sessions.follower import Follower
 from subres.sessions.hub import Hub
 from subres.sessions.peer import NOT_OWNER
@@ -163,7 +164,14 @@ def _kept(state: State, target: Target) -> Hub:
         raise StatusError(
             400, f"{target.describe()}: the console is not kept, so it has no log; {how}"
         )
-    if spec.opted_in(spec.keep, target.obj, consoles.keep_annotation):
+    opted_in = spec.opted_in(spec.keep, target.obj, consoles.keep_annotation)
+    if opted_in and not keeper.dialable(target):
+        raise StatusError(
+            400,
+            f"{target.describe()}: the console is not kept, so it has no log: it names no "
+            f"endpoint to dial ({spec.endpoint})",
+        )
+    if opted_in:
         raise StatusError(
             503,
             f"{target.describe()}: the console is to be kept but is not yet "
