@@ -10,7 +10,8 @@ and relays (`serve`). The request carries, as headers:
 
     Subres-Unit: machines/console/default/vm1[/console name]
     Subres-Mode: writer | observer | viewer | redirector
-    Subres-User, Subres-Group (repeated), Subres-Client, Subres-Request-Id
+    Subres-User: the user, whole (`auth.user.encode`: name, uid, groups, extra)
+    Subres-Client, Subres-Request-Id
     Subres-Front: the front replica's name
     Subres-Preserve: true     (preserveSession)
     Subres-Tail: N            (?tail=N)
@@ -31,10 +32,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from subres.auth import user
+from subres.auth.user import UserInfo
 from subres.backends.peer import PeerRefused, PeerStream
 from subres.engine.pump import Traffic, pump
 from subres.engine.stream import ByteStream, Terminal
@@ -64,6 +67,7 @@ __all__ = [
     "Prepared",
     "front",
     "headers",
+    "identity",
     "parse",
     "prepare",
     "release",
@@ -121,12 +125,11 @@ def headers(ask: Ask) -> list[tuple[str, str]]:
     out = [
         ("Subres-Unit", "/".join(parts)),
         ("Subres-Mode", ask.mode),
-        ("Subres-User", ask.who.user),
+        ("Subres-User", user.encode(ask.who.identity)),
         ("Subres-Client", ask.who.client),
         ("Subres-Request-Id", ask.who.request_id),
         ("Subres-Front", ask.front),
     ]
-    out += [("Subres-Group", group) for group in ask.who.groups]
     if ask.preserve:
         out.append(("Subres-Preserve", "true"))
     if ask.tail is not None:
@@ -134,7 +137,7 @@ def headers(ask: Ask) -> list[tuple[str, str]]:
     return out
 
 
-def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
+def parse(one: Mapping[str, str]) -> Ask:
     """The `Ask` of a peer request's headers (`one`: each header's value; 400 otherwise)."""
     parts = one.get("Subres-Unit", "").split("/")
     if len(parts) not in (4, 5) or not all(parts[:4]):
@@ -148,8 +151,7 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
     if tail is not None and not 0 <= lines <= MAX_TAIL:
         raise StatusError(400, f"Subres-Tail must be a number of lines, not {tail[:64]!r}")
     who = Who(
-        user=one.get("Subres-User", ""),
-        groups=tuple(groups),
+        identity=identity(one.get("Subres-User", "")),
         client=one.get("Subres-Client", ""),
         request_id=one.get("Subres-Request-Id", ""),
     )
@@ -161,6 +163,14 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
         preserve=one.get("Subres-Preserve") == "true",
         tail=lines if tail is not None else None,
     )
+
+
+def identity(value: str) -> UserInfo:
+    """The user a peer request carries (400 when it carries none, or not whole)."""
+    try:
+        return user.decode(value)
+    except ValueError as exc:
+        raise StatusError(400, f"the peer request names no user: {exc}") from None
 
 
 # --- the front -----------------------------------------------------------------------------

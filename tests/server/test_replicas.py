@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 import yaml
 
+from subres.auth.user import UserInfo
 from subres.backends.agent import Request, open_relay
 from subres.backends.peer import PATH, UPGRADE, PeerStream
 from subres.demo.vnc import Display, VncServer
@@ -388,7 +389,7 @@ async def test_a_front_that_falls_silent_is_dropped_by_the_owner_and_the_console
         owner, _ = owner_and_other(servers)
         context = ssl.create_default_context(cafile=str(tmp_path / "replica-ca.crt"))
         context.load_cert_chain(tmp_path / "replica.crt", tmp_path / "replica.key")
-        who = Who(user="alice", groups=(), client="10.0.0.9", request_id="silent")
+        who = Who(identity=UserInfo("alice"), client="10.0.0.9", request_id="silent")
         ask = peer.Ask(unit(), "writer", who, front="replica-gone")
         stream = await open_relay(
             lambda: PeerStream(owner="owner", high_water=1 << 18, write_timeout=30),
