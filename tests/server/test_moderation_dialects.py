@@ -5,10 +5,12 @@ A policy selects writers by group (`contractors`) and wants one member of
 console's owner directly or through the other replica, as kube-apiserver's
 Service picks one: either way the owner must see every group of theirs (the
 user crosses the peer hop whole), so alice waits, told why, and nothing of
-hers reaches the machine until mia watches. The rows come from the
-console's own tables: its WebSocket subprotocols
-(`server.console.SUBPROTOCOLS`) and SPDY remote-command protocols
-(`server.remotecommand.PROTOCOLS`).
+hers reaches the machine (her bytes dropped, her end of input held) until mia
+watches. The rows come from the console's own tables: its WebSocket
+subprotocols (`server.console.SUBPROTOCOLS`) and SPDY remote-command
+protocols (`server.remotecommand.PROTOCOLS`); the end of input from the
+dialects that can send one (`channels.Dialect.close_signal`, and every SPDY
+stdin's FIN).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 import aiohttp
 import pytest
 
+from subres.protocol.channels import DIALECTS
 from subres.protocol.spdy import DataReceived
 from subres.server import console, remotecommand
 from subres.server.run import Server
@@ -32,7 +35,7 @@ from tests.engine.spdyclient import SpdyClient
 from tests.server.replicas import PATH, as_user, owner_and_other, replicas, url
 from tests.server.test_cluster import PROXY_CA, client_ssl
 from tests.server.test_console import frame, unframe
-from tests.support import Backend
+from tests.support import Backend, wait_for
 
 POLICY = {
     "moderation": [
@@ -46,6 +49,9 @@ MODERATOR = ("mia", ["sre-leads"])
 
 WEBSOCKET = [("ws", dialect) for dialect in console.SUBPROTOCOLS]
 SPDY = [("spdy", protocol) for protocol in remotecommand.PROTOCOLS]
+ENDING_INPUT = [
+    ("ws", d) for d in console.SUBPROTOCOLS if d in DIALECTS and DIALECTS[d].close_signal
+]
 REACHED = ("owner", "relayed")
 
 
@@ -184,6 +190,12 @@ async def spdy(front: Server, tmp: Path, protocol: str, user: str, groups: list[
     return SpdyClient(lambda: reader.read(65536), write, close)
 
 
+def holding_eof(owner: Server) -> bool:
+    """The owner holds a moderated writer's end of input."""
+    gates = owner.state.sessions.gates.values()
+    return any(getattr(s, "holding_eof", False) for gate in gates for s in gate.sessions)
+
+
 @pytest.mark.parametrize("row", rows(WEBSOCKET + SPDY, "group-selected-writer-waits"))
 async def test_a_writer_selected_by_group_waits_for_a_moderator_through_either_replica(
     tmp_path: Path, serial: Backend, console: Console, row: Row
@@ -223,3 +235,26 @@ async def test_someone_outside_the_moderator_groups_is_refused_through_either_re
             )
         assert refused.value.status == 403
     assert serial.accepted == 0
+
+
+@pytest.mark.parametrize("row", rows(ENDING_INPUT + SPDY, "end-of-input-held"))
+async def test_a_writers_end_of_input_waits_for_a_moderator_as_its_bytes_do(
+    tmp_path: Path, serial: Backend, console: Console, row: Row
+) -> None:
+    async with (
+        replicas(tmp_path, serial, config=lambda _: POLICY) as (_, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        owner, _ = owner_and_other(servers)
+        front = row.front(servers)
+        async with writer(row, front, tmp_path, http) as alice:
+            await alice.stdout_until(WAITING)
+            await alice.end_input()
+            await wait_for(lambda: console.ended.is_set() or holding_eof(owner))
+            assert not console.ended.is_set(), "the machine saw the end of input unwatched"
+            async with http.ws_connect(
+                url(front, "console-moderate"), **proxied(tmp_path, *MODERATOR)
+            ):
+                await alice.stdout_until(STARTS)
+                async with asyncio.timeout(WAIT):
+                    await console.ended.wait()
