@@ -45,18 +45,10 @@ from subres.kube.status import StatusError
 from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
 from subres.sessions import recordings, sharing, usbslots
+from subres.sessions.modes import Mode
 from subres.sessions.registry import SessionKey
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import (
-    MODERATOR,
-    OBSERVER,
-    REDIRECTOR,
-    VIEWER,
-    WRITER,
-    Hold,
-    busy,
-    hold,
-)
+from subres.sessions.session import Hold, busy, hold
 from subres.sessions.target import Target, key
 
 __all__ = [
@@ -81,9 +73,9 @@ NOT_OWNER = 421
 MAX_TAIL = (1 << 31) - 1
 """The most lines a peer session may replay (what a front lets a client ask)."""
 MODES = {
-    "console": (WRITER, OBSERVER, MODERATOR),
-    "vnc": (VIEWER, OBSERVER, MODERATOR),
-    "usbredir": (REDIRECTOR,),
+    "console": (Mode.WRITER, Mode.OBSERVER, Mode.MODERATOR),
+    "vnc": (Mode.VIEWER, Mode.OBSERVER, Mode.MODERATOR),
+    "usbredir": (Mode.REDIRECTOR,),
 }
 """The subresources served by their unit's owner, and their modes."""
 
@@ -109,7 +101,7 @@ class Ask:
     """What a front asks of an owner."""
 
     unit: SessionKey
-    mode: str
+    mode: Mode
     who: Who
     front: str
     preserve: bool = False
@@ -124,7 +116,7 @@ def headers(ask: Ask) -> list[tuple[str, str]]:
         parts.append(unit.unit)
     out = [
         ("Subres-Unit", "/".join(parts)),
-        ("Subres-Mode", ask.mode),
+        ("Subres-Mode", ask.mode.value),
         ("Subres-User", user.encode(ask.who.identity)),
         ("Subres-Client", ask.who.client),
         ("Subres-Request-Id", ask.who.request_id),
@@ -143,9 +135,10 @@ def parse(one: Mapping[str, str]) -> Ask:
     if len(parts) not in (4, 5) or not all(parts[:4]):
         raise StatusError(400, "the peer request names no unit")
     unit = SessionKey(*parts)
-    mode = one.get("Subres-Mode", "")
-    if mode not in MODES.get(unit.subresource, ()):
-        raise StatusError(400, f"no {unit.subresource} session has the mode {mode!r}")
+    text = one.get("Subres-Mode", "")
+    mode = next((m for m in MODES.get(unit.subresource, ()) if m == text), None)
+    if mode is None:
+        raise StatusError(400, f"no {unit.subresource} session has the mode {text[:64]!r}")
     tail = one.get("Subres-Tail")
     lines = digits.value(tail, cap=MAX_TAIL) if tail is not None and digits.plain(tail) else -1
     if tail is not None and not 0 <= lines <= MAX_TAIL:
@@ -177,7 +170,7 @@ def identity(value: str) -> UserInfo:
 
 
 async def front(
-    state: Runtime, target: Target, who: Who, *, mode: str, preserve: bool, tail: int | None
+    state: Runtime, target: Target, who: Who, *, mode: Mode, preserve: bool, tail: int | None
 ) -> PeerStream | None:
     """A peer session on the owner of `target`'s unit; None when this replica owns it.
 
@@ -244,7 +237,7 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
         state,
         ask.who.user,
         target=target,
-        exclusive=ask.mode in (WRITER, VIEWER, REDIRECTOR),
+        exclusive=ask.mode in (Mode.WRITER, Mode.VIEWER, Mode.REDIRECTOR),
         preserve=ask.preserve,
         mode=ask.mode,
         via=ask.front,

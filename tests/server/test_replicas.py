@@ -35,6 +35,7 @@ from subres.protocol.relay import HEARTBEAT_HEADER as HEARTBEAT
 from subres.server.run import Server
 from subres.serving import certs
 from subres.sessions import peer
+from subres.sessions.modes import Mode
 from subres.sessions.runtime import Who
 from tests.server.replicas import (
     REPLICA_CA,
@@ -390,7 +391,7 @@ async def test_a_front_that_falls_silent_is_dropped_by_the_owner_and_the_console
         context = ssl.create_default_context(cafile=str(tmp_path / "replica-ca.crt"))
         context.load_cert_chain(tmp_path / "replica.crt", tmp_path / "replica.key")
         who = Who(identity=UserInfo("alice"), client="10.0.0.9", request_id="silent")
-        ask = peer.Ask(unit(), "writer", who, front="replica-gone")
+        ask = peer.Ask(unit(), Mode.WRITER, who, front="replica-gone")
         stream = await open_relay(
             lambda: PeerStream(owner="owner", high_water=1 << 18, write_timeout=30),
             ("127.0.0.1", owner.peer_port),
