@@ -53,9 +53,16 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     owner = state.owners.owner(key(target))
     if owner is None:
         raise StatusError(503, f"no replica serves the {key(target)} yet; try again shortly")
-    if owner != state.replica:
+    if owner == state.replica:
+        return await _answer(state, request, target, options)
+    if not options.follow or options.previous:
         return await _relayed(state, request, target, owner)
-    return await _answer(state, request, target, options)
+    # Relaying a follower holds its answer's buffers here too: it counts here as well.
+    place = sharing.watching(state, target)
+    try:
+        return await _relayed(state, request, target, owner)
+    finally:
+        place.release()
 
 
 async def owned(state: State, request: web.Request) -> web.StreamResponse:
