@@ -9,7 +9,7 @@ dials or attaches as a session of its own would (`prepare`), answers 101
 and relays (`serve`). The request carries, as headers:
 
     Subres-Unit: machines/console/default/vm1[/console name]
-    Subres-Mode: writer | observer | viewer | redirector
+    Subres-Mode: writer | observer | viewer | moderator | redirector (`sessions.modes`)
     Subres-User: the user, whole (`auth.user.encode`: name, uid, groups, extra)
     Subres-Client, Subres-Request-Id
     Subres-Front: the front replica's name

@@ -28,10 +28,10 @@ session. This is the place that audit and observers hook into. Both are
 plain objects rather than generator-based context managers: an idle session
 should cost no frame.
 
-Every session has a mode: a console's `writer` (one at a time) or
-`observer` (any number, read-only), a display's interactive `viewer` (one at
-a time) or view-only `observer`, a port-forward's `forwarder`, a USB slot's
-`redirector` (one at a time).
+Every session has a mode (`sessions.modes.Mode`): a console's `writer` (one
+at a time) or `observer` (any number, read-only), a display's interactive
+`viewer` (one at a time) or view-only `observer`, a moderator of either, a
+port-forward's `forwarder`, a USB slot's `redirector` (one at a time).
 """
 
 from __future__ import annotations
