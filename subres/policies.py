@@ -4,8 +4,9 @@
 names them: `console`, `console-observe`, `vnc`, `vnc-observe`,
 `portforward`, …) that set `maxSessionDuration`, `idleTimeout` (no input
 from the client: what a writer types, an interactive viewer's keys and
-pointer, a forward's bytes) and `maxSessionsPerUser`. Every rule that
-matches a session applies, so the strictest wins (`Limits.of`).
+pointer, a forward's or a USB redirection's bytes) and `maxSessionsPerUser`.
+Every rule that matches a session applies, so the strictest wins
+(`Limits.of`).
 
 `moderation` policies select sessions by the parent's kind and labels, the
 subresource and the user's groups, and say how many members of which

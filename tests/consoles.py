@@ -25,6 +25,8 @@ class Console:
     def __init__(self) -> None:
         self.received = bytearray()
         self.arrived = asyncio.Condition()
+        self.ended = asyncio.Event()
+        """Some connection's client ended its input (EOF)."""
         self.writers: list[asyncio.StreamWriter] = []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -37,6 +39,7 @@ class Console:
                     self.arrived.notify_all()
                 writer.write(data)
                 await writer.drain()
+            self.ended.set()
             if writer.can_write_eof():
                 writer.write_eof()
         finally:

@@ -244,6 +244,10 @@ async def open_relay(
         return made[-1]
 
     host, port = address
+    names = [name.lower() for name, _ in request.headers]
+    if len(set(names)) != len(names):
+        # The upgrade takes a mapping: a repeated header would lose all but its last value.
+        raise ValueError(f"a relay request repeats a header: {sorted(names)}")
     peer = client.Peer(
         f"https://{f'[{host}]' if ':' in host else host}:{port}{request.path}",
         tls=context,

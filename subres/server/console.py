@@ -28,7 +28,8 @@ from subres.protocol import digits, httpstream
 from subres.server import handshake, remotecommand, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
-from subres.sessions import peer, session, sharing
+from subres.sessions import peer, sharing
+from subres.sessions.modes import Mode
 
 __all__ = ["SUBPROTOCOLS", "handle", "observe"]
 
@@ -52,27 +53,27 @@ _NOTHING_TO_TAIL = (
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """The writer: check, negotiate, dial, then upgrade and stream."""
-    return await _serve(state, request, mode=session.WRITER)
+    return await _serve(state, request, mode=Mode.WRITER)
 
 
 async def observe(state: State, request: web.Request) -> web.StreamResponse:
     """An observer: check, negotiate, attach to the console, then upgrade and stream."""
-    return await _serve(state, request, mode=session.OBSERVER)
+    return await _serve(state, request, mode=Mode.OBSERVER)
 
 
 async def moderate(state: State, request: web.Request) -> web.StreamResponse:
     """A moderator: an observer whom a moderated writer waits for (`sessions.moderation`)."""
-    return await _serve(state, request, mode=session.MODERATOR)
+    return await _serve(state, request, mode=Mode.MODERATOR)
 
 
-async def _serve(state: State, request: web.Request, *, mode: str) -> web.StreamResponse:
+async def _serve(state: State, request: web.Request, *, mode: Mode) -> web.StreamResponse:
     target = subresource.console(
         subresource.resolve(state, request, "console"), request.query.get("console")
     )
     url = subresource.endpoint_url(target)
     tail = _tail(request)
     if handshake.dry_run(request):  # what the page asks when a browser hid a refusal
-        if mode == session.WRITER:
+        if mode == Mode.WRITER:
             await subresource.vet(state, target, url)
         return handshake.dry_run_passed()
     # The two dialects' upgrades take different arguments: two calls that look alike.
@@ -87,7 +88,7 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
             target=target,
             protocol=protocol,
             backend=backend,
-            exclusive=not relayed and mode == session.WRITER,
+            exclusive=not relayed and mode == Mode.WRITER,
             owner=not relayed,
             mode=mode,
         )
@@ -106,7 +107,7 @@ async def _serve(state: State, request: web.Request, *, mode: str) -> web.Stream
         ws=ws,
         dialect=dialect,
         backend=backend,
-        exclusive=not relayed and mode == session.WRITER,
+        exclusive=not relayed and mode == Mode.WRITER,
         owner=not relayed,
         mode=mode,
     )
@@ -118,7 +119,7 @@ async def _backend(
     target: subresource.Target,
     url: str,
     *,
-    mode: str,
+    mode: Mode,
     tail: int | None,
 ) -> tuple[ByteStream, bool]:
     """The session's backend, and whether it is relayed to another replica.
@@ -126,7 +127,7 @@ async def _backend(
     When another replica owns the console, a peer session there (which holds
     the slot and records); else the console here.
     """
-    if mode == session.MODERATOR:
+    if mode == Mode.MODERATOR:
         sharing.may_moderate(state, target, who(request))  # before asking the owner
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=False, tail=tail)
     if relayed is not None:

@@ -15,13 +15,14 @@ from subres.policies import Limits
 from subres.server import sessionlist
 from subres.server.state import State
 from subres.sessions import session
+from subres.sessions.modes import Mode
 from subres.sessions.runtime import Who
 from subres.sessions.target import Target
 
 __all__ = ["admit"]
 
 
-async def admit(state: State, who: Who, *, target: Target, mode: str = "") -> Limits:
+async def admit(state: State, who: Who, *, target: Target, mode: Mode | None = None) -> Limits:
     """The limits of a new session of `who`; 429 when the user has as many as a rule allows."""
     granted = session.admit(state, who, target=target, mode=mode)
     if not granted.sessions or not state.owners.others():

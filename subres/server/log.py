@@ -8,7 +8,10 @@ dialed again) and `follow`, which keeps the answer open over plain chunked
 HTTP (no upgrade, so it passes kube-apiserver's proxy as `kubectl logs -f`
 does) and sends new output as it arrives, across redials, until the console
 is let go, the reader falls more than `session.observerBacklog` behind, or
-the server drains. `console` picks one of the machine's consoles.
+the server drains. A follower holds an observer's place (429 past the
+observer caps, before anything is attached), and what waits for it counts
+what it was handed and has not sent yet. `console` picks one of the
+machine's consoles.
 
 Only a kept console has a log: the keeper's scrollback is what is read, on
 the replica that owns the console (`sessions.members`). Any other replica
@@ -29,6 +32,7 @@ from subres.kube.status import StatusError
 from subres.protocol import consolelog
 from subres.server import subresource
 from subres.server.state import State
+from subres.sessions import keeper, sharing
 from subres.sessions.follower import Follower
 from subres.sessions.hub import Hub
 from subres.sessions.peer import NOT_OWNER
@@ -39,6 +43,8 @@ __all__ = ["handle", "owned"]
 TEXT = "text/plain; charset=utf-8"
 MAX_REFUSAL = 64 << 10
 """The largest refusal (a Status) read from the owner."""
+PIECE = 64 << 10
+"""The most of a follower's text handed to its connection at once."""
 
 
 async def handle(state: State, request: web.Request) -> web.StreamResponse:
@@ -47,9 +53,16 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     owner = state.owners.owner(key(target))
     if owner is None:
         raise StatusError(503, f"no replica serves the {key(target)} yet; try again shortly")
-    if owner != state.replica:
+    if owner == state.replica:
+        return await _answer(state, request, target, options)
+    if not options.follow or options.previous:
         return await _relayed(state, request, target, owner)
-    return await _answer(state, request, target, options)
+    # Relaying a follower holds its answer's buffers here too: it counts here as well.
+    place = sharing.watching(state, target)
+    try:
+        return await _relayed(state, request, target, owner)
+    finally:
+        place.release()
 
 
 async def owned(state: State, request: web.Request) -> web.StreamResponse:
@@ -85,8 +98,7 @@ async def _relayed(
         async with state.peers.opened(address, path) as answer:
             if answer.status != 200:
                 body = await answer.content.read(MAX_REFUSAL)
-                code = 503 if answer.status == NOT_OWNER else answer.status
-                raise StatusError(code, status_message(body) or f"{owner} answered {answer.status}")
+                raise _refusal(owner, answer.status, body, answer.headers.get("Retry-After"))
             response.enable_chunked_encoding()
             await response.prepare(request)
             async for chunk in answer.content.iter_any():
@@ -98,6 +110,22 @@ async def _relayed(
         # Lost mid-answer: the log ends here, as a kubelet's does when its container goes.
     await response.write_eof()
     return response
+
+
+def _refusal(owner: str, status: int, body: bytes, retry_after: str | None) -> StatusError:
+    """The owner's refusal as this replica's: its code (503 for "not the owner"), message and,
+    for a 429, when to try again."""
+    code = 503 if status == NOT_OWNER else status
+    message = status_message(body) or f"{owner} answered {status}"
+    seconds = retry_after or ""
+    if code != 429 or not (seconds.isascii() and seconds.isdigit() and len(seconds) < 6):
+        return StatusError(code, message)
+    return StatusError(
+        code,
+        message,
+        details={"retryAfterSeconds": int(seconds)},
+        headers=[("Retry-After", seconds)],
+    )
 
 
 async def _answer(
@@ -119,6 +147,8 @@ async def _answer(
     )
     if stamper.done:
         return web.Response(body=body, headers={"Content-Type": TEXT})
+    # A follower costs what an observer does, and counts as one: 429 past the caps.
+    place = sharing.watching(state, target)
     # Taken with the excerpt, before anything awaits: no output falls between the two.
     follower = _follow(state, request, hub)
     try:
@@ -126,15 +156,34 @@ async def _answer(
         response.enable_chunked_encoding()
         await response.prepare(request)
         await response.write(body)
-        while not stamper.done and (batch := await follower.next()) is not None:
-            text = b"".join(stamper.feed(chunk, at) for chunk, at in batch)
-            if text:
-                await response.write(text)
+        await _stream(response, follower, stamper)
         await response.write_eof()
         return response
     finally:
         hub.remove_sink(follower)
         state.sessions.end(None, follower)
+        place.release()
+
+
+async def _stream(
+    response: web.StreamResponse, follower: Follower, stamper: consolelog.Stamper
+) -> None:
+    """New output as it arrives, until following ends; a reader cut off for falling behind
+    reads why in a last line, as the log's own."""
+    while not stamper.done:
+        batch = await follower.next()
+        if batch is None:
+            if follower.cut_off:
+                note = f"\n[subres: the log is cut off: it {follower.reason}]\n"
+                await response.write(stamper.feed(note.encode(), time.time_ns()))
+            return
+        text = b"".join(stamper.feed(chunk, at) for chunk, at in batch)
+        del batch  # the text alone is left to send (and counted until `sent`)
+        view = memoryview(text)
+        for start in range(0, len(view), PIECE):
+            # In pieces: a reader that stops reading leaves one in the socket's buffer.
+            await response.write(view[start : start + PIECE])
+        follower.sent()
 
 
 def _follow(state: State, request: web.Request, hub: Hub) -> Follower:
@@ -163,7 +212,14 @@ def _kept(state: State, target: Target) -> Hub:
         raise StatusError(
             400, f"{target.describe()}: the console is not kept, so it has no log; {how}"
         )
-    if spec.opted_in(spec.keep, target.obj, consoles.keep_annotation):
+    opted_in = spec.opted_in(spec.keep, target.obj, consoles.keep_annotation)
+    if opted_in and not keeper.dialable(target):
+        raise StatusError(
+            400,
+            f"{target.describe()}: the console is not kept, so it has no log: it names no "
+            f"endpoint to dial ({spec.endpoint})",
+        )
+    if opted_in:
         raise StatusError(
             503,
             f"{target.describe()}: the console is to be kept but is not yet "

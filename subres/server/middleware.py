@@ -70,10 +70,8 @@ async def _admit(state: State, request: web.Request) -> UserInfo:
 
 def who(request: web.Request) -> Who:
     """Who made an authenticated request, from where, under which request id."""
-    user = request[USER]
     return Who(
-        user=user.name,
-        groups=tuple(user.groups),
+        identity=request[USER],
         client=request.remote or "",
         request_id=request.headers.get("Audit-Id") or str(uuid.uuid4()),
         transport=request.transport,

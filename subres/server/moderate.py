@@ -16,11 +16,12 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from subres.auth import user
 from subres.kube.status import StatusError
 from subres.server import subresource
 from subres.server.middleware import who
 from subres.server.state import State
-from subres.sessions import sharing
+from subres.sessions import peer, sharing
 from subres.sessions.runtime import Who
 from subres.sessions.target import Target, key
 
@@ -63,12 +64,7 @@ async def end_here(state: State, request: web.Request) -> web.Response:
     if parent is None or spec is None:
         raise StatusError(404, f"no {info['subresource']} of {info['resource']} here")
     target = subresource.checked(state, parent, spec, info["namespace"], info["name"])
-    moderator = Who(
-        user=request.query.get("user", ""),
-        groups=tuple(request.query.getall("group", [])),
-        client="",
-        request_id="",
-    )
+    moderator = Who(identity=peer.identity(request.query.get("user", "")), client="", request_id="")
     sharing.may_moderate(state, target, moderator)
     return web.json_response({"ended": _end(state, target, moderator)})
 
@@ -82,7 +78,7 @@ async def _end_there(state: State, target: Target, owner: str, moderator: Who) -
     address = state.owners.addresses.get(owner)
     if address is None:
         raise StatusError(503, f"the replica {owner} owning {target.describe()} has no address")
-    query = urlencode([("user", moderator.user), *(("group", g) for g in moderator.groups)])
+    query = urlencode([("user", user.encode(moderator.identity))])
     path = (
         f"/peer/v1/moderated/{target.parent.resource}/{target.spec.name}/"
         f"{target.namespace}/{target.name}?{query}"

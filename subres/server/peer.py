@@ -10,8 +10,9 @@ internal CA, and `serving.tls.replica_caller` checks it names a replica.
   objects (`sessionlist` merges every replica's).
 - `GET /peer/v1/recordings/{resource}/{namespace}/{name}` and `…/{file}`: this
   replica's recordings of a machine (`recordinglist` merges them).
-- `DELETE /peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}?user=&group=`:
-  a moderator fronted by the caller ends the moderated session here (`moderate`).
+- `DELETE /peer/v1/moderated/{resource}/{subresource}/{namespace}/{name}?user=`:
+  a moderator fronted by the caller (`user`: `auth.user.encode`) ends the moderated
+  session here (`moderate`).
 - `GET /peer/v1/log/{resource}/{namespace}/{name}`: the log of a console this
   replica owns and keeps, whole or followed (`log` streams it through).
 """
@@ -24,6 +25,7 @@ import logging
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from subres.auth import user
 from subres.backends.peer import UPGRADE
 from subres.engine import upgrade
 from subres.kube.status import StatusError
@@ -45,7 +47,12 @@ REPLICA_NAME = certs.REPLICA_IDENTITY
 
 def build(state: State) -> web.Application:
     """The peer application."""
-    app = web.Application(middlewares=[errors.errors, _replicas_only])
+    # Room for a user carried whole (`auth.user.encode`), in a header or a query.
+    room = user.MAX_ENCODED + 1024
+    app = web.Application(
+        middlewares=[errors.errors, _replicas_only],
+        handler_args={"max_field_size": room, "max_line_size": room},
+    )
     recordings = "/peer/v1/recordings/{resource}/{namespace}/{name}"
     app.router.add_post("/peer/v1/session", functools.partial(_session, state))
     app.router.add_get("/peer/v1/sessions", functools.partial(sessionlist.fronted, state))
@@ -70,7 +77,7 @@ async def _session(state: State, request: web.Request) -> web.StreamResponse:
     if request.headers.get(hdrs.UPGRADE, "").lower() != UPGRADE:
         raise StatusError(400, f"a peer session needs `Upgrade: {UPGRADE}`")
     one = {name: request.headers.get(name, "") for name in _HEADERS if name in request.headers}
-    ask = peer.parse(one, request.headers.getall("Subres-Group", []))
+    ask = peer.parse(one)
     prepared = await peer.prepare(state, ask)
     headers: list[tuple[str, str]] = [("Connection", "Upgrade"), ("Upgrade", UPGRADE)]
     beat = relay.heartbeat_interval(request.headers.get(relay.HEARTBEAT_HEADER))

@@ -34,6 +34,7 @@ from subres.server import limited, portforward_spdy
 from subres.server.middleware import USER, who
 from subres.server.state import State
 from subres.sessions import limits, session
+from subres.sessions.modes import Mode
 from subres.sessions.target import Target
 
 __all__ = ["PROTOCOLS", "STREAM_TIMEOUT", "RemoteCommandClient", "negotiate", "serve"]
@@ -65,7 +66,7 @@ async def serve(
     protocol: str,
     backend: ByteStream,
     exclusive: bool,
-    mode: str,
+    mode: Mode,
     owner: bool = True,
 ) -> web.StreamResponse:
     """Take the session's slot, upgrade to SPDY and stream between its streams and `backend`

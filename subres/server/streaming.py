@@ -22,6 +22,7 @@ from subres.server import handshake, limited
 from subres.server.middleware import USER, who
 from subres.server.state import State
 from subres.sessions import limits, session
+from subres.sessions.modes import Mode
 from subres.sessions.target import Target
 
 __all__ = ["negotiate", "serve"]
@@ -53,7 +54,7 @@ async def serve(
     backend: ByteStream,
     exclusive: bool,
     preserve: bool = False,
-    mode: str = "",
+    mode: Mode | None = None,
     owner: bool = True,
 ) -> web.StreamResponse:
     """Take the session's slot, upgrade, then pump between the client and `backend`.

@@ -25,7 +25,8 @@ from subres.engine.stream import ByteStream
 from subres.server import handshake, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
-from subres.sessions import peer, session, usbslots
+from subres.sessions import peer, usbslots
+from subres.sessions.modes import Mode
 from subres.sessions.target import Target
 
 __all__ = ["SUBPROTOCOLS", "handle"]
@@ -45,7 +46,7 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     ws, dialect = streaming.negotiate(state, request, "usbredir", SUBPROTOCOLS)
     # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
     preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
-    mode = session.REDIRECTOR
+    mode = Mode.REDIRECTOR
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=preserve, tail=None)
     backend: ByteStream
     if relayed is not None:

@@ -24,6 +24,7 @@ from subres.server import handshake, streaming, subresource
 from subres.server.middleware import who
 from subres.server.state import State
 from subres.sessions import peer, session, sharing
+from subres.sessions.modes import Mode
 from subres.sessions.target import key
 from subres.sessions.viewer import InputWatch
 
@@ -37,21 +38,21 @@ async def handle(state: State, request: web.Request) -> web.StreamResponse:
     """The interactive viewer: check, negotiate, dial, then upgrade and stream."""
     # Spelled as KubeVirt parses it (Go's strconv.ParseBool).
     preserve = request.query.get("preserveSession", "").lower() in ("1", "t", "true")
-    return await _view(state, request, mode=session.VIEWER, preserve=preserve)
+    return await _view(state, request, mode=Mode.VIEWER, preserve=preserve)
 
 
 async def observe(state: State, request: web.Request) -> web.StreamResponse:
     """A view-only viewer: check, negotiate, dial, then upgrade and stream; input dropped."""
-    return await _view(state, request, mode=session.OBSERVER, preserve=False)
+    return await _view(state, request, mode=Mode.OBSERVER, preserve=False)
 
 
 async def moderate(state: State, request: web.Request) -> web.StreamResponse:
     """A moderator: a view-only viewer whom a moderated viewer waits for."""
-    return await _view(state, request, mode=session.MODERATOR, preserve=False)
+    return await _view(state, request, mode=Mode.MODERATOR, preserve=False)
 
 
 async def _view(
-    state: State, request: web.Request, *, mode: str, preserve: bool
+    state: State, request: web.Request, *, mode: Mode, preserve: bool
 ) -> web.StreamResponse:
     target = subresource.resolve(state, request, "vnc")
     url = subresource.endpoint_url(target)  # 400 before anything else when there is none
@@ -59,8 +60,8 @@ async def _view(
         await subresource.vet(state, target, url)
         return handshake.dry_run_passed()
     ws, dialect = streaming.negotiate(state, request, "vnc", SUBPROTOCOLS)
-    view_only = mode != session.VIEWER
-    if mode == session.MODERATOR:
+    view_only = mode != Mode.VIEWER
+    if mode == Mode.MODERATOR:
         sharing.may_moderate(state, target, who(request))  # before asking the owner
     relayed = await peer.front(state, target, who(request), mode=mode, preserve=preserve, tail=None)
     if relayed is not None:

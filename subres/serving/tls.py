@@ -192,12 +192,25 @@ def replica_caller(transport: asyncio.BaseTransport | None, allowed: frozenset[s
     names = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     # One name or none: with several, which one a check reads would decide who gets in.
     name = names[0] if len(names) == 1 else ",".join(names)
+    refusal = _not_a_replica(cert, name, allowed)
+    if refusal:
+        logger.warning(
+            "refused a client of the internal CA (serial %x): %s", cert.serial_number, refusal
+        )
+        raise StatusError(401, refusal)
+    return name
+
+
+def _not_a_replica(cert: x509.Certificate, name: str, allowed: frozenset[str]) -> str:
+    """Why `cert` (of the internal CA, named `name`) is no replica's; "" when it is one."""
     try:
         usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
-        usages = x509.ExtendedKeyUsage([])
+        # Every replica certificate says its usages (`subres certs`, cert-manager's): one
+        # that says none was made for something else.
+        return f"certificate {name!r} names no extended key usage, and a replica's says clientAuth"
     if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
-        raise StatusError(401, f"certificate {name!r} is not a client certificate")
+        return f"certificate {name!r} is not a client certificate"
     if name not in allowed:
-        raise StatusError(401, f"certificate {name!r} is not an allowed replica identity")
-    return name
+        return f"certificate {name!r} is not an allowed replica identity"
+    return ""

@@ -40,6 +40,7 @@ __all__ = [
     "KeptPort",
     "Sink",
     "Tee",
+    "amount",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class Feed:
         if self._ended:
             return
         if self._chunks and self._size + len(chunk) > self._limit:
-            self.cut(f"fell more than {_amount(self._limit)} behind the console")
+            self.cut(f"fell more than {amount(self._limit)} behind the console")
             return
         self._chunks.append(chunk)
         self._size += len(chunk)
@@ -516,7 +517,8 @@ class Hub:
             self._on_idle(self)
 
 
-def _amount(size: int) -> str:
+def amount(size: int) -> str:
+    """`size` bytes in a reason's words: `1024 KiB`, or `10 bytes`."""
     return f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} bytes"
 
 

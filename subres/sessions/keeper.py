@@ -38,6 +38,7 @@ import logging
 import random
 from collections.abc import Iterator, Mapping
 
+from subres.backends import endpoint as endpoints
 from subres.config import ParentSpec
 from subres.engine.stream import ByteStream
 from subres.engine.websocket import CloseCode
@@ -50,7 +51,7 @@ from subres.sessions.runtime import Runtime
 from subres.sessions.scrollback import Scrollback
 from subres.sessions.target import Target, endpoint_url
 
-__all__ = ["Keeper", "KeptConsole"]
+__all__ = ["Keeper", "KeptConsole", "dialable"]
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +254,8 @@ class Keeper:
         return found
 
     def _opted_in(self, parent: ParentSpec) -> Iterator[Target]:
-        """Each console of `parent`'s objects that opts in and passes its checks, in order."""
+        """Each console of `parent`'s objects that opts in, passes its checks and names an
+        endpoint it can be dialled at, in order: a place is worth only a connection."""
         consoles = [c for c in parent.all_consoles() if c.keep != "never"]
         if not consoles:
             return
@@ -264,9 +266,11 @@ class Keeper:
                 if not spec.opted_in(spec.keep, obj, annotation):
                     continue
                 try:
-                    yield self._state.backends.checked(parent, spec, namespace, name)
+                    target = self._state.backends.checked(parent, spec, namespace, name)
                 except StatusError:
                     continue
+                if dialable(target):
+                    yield target
 
     def _warn(self, limit: int, per_namespace: int) -> None:
         if not self._warned:
@@ -292,6 +296,17 @@ def subresource_url(target: Target) -> str:
         return endpoint_url(target)
     except StatusError:
         return ""
+
+
+def dialable(target: Target) -> bool:
+    """Whether `target` names an endpoint that is a URL subres dials (the endpoint policy
+    and the dial itself decide the rest, as for any session)."""
+    url = subresource_url(target)
+    try:
+        endpoints.parse(url)
+    except endpoints.EndpointError:
+        return False
+    return True
 
 
 def _name(obj: Mapping[str, object]) -> tuple[str, str]:

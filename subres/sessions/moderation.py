@@ -7,8 +7,9 @@ wrapped in `Moderated`, which passes nothing either way until enough
 members of the policy's moderator groups (not the writer) attach through
 the `…-moderate` path (`Moderating`, a read-only share RBAC grants on its
 own). A console's writer is told so in its own output, in every dialect,
-and what it types meanwhile is dropped; a display's viewer waits for the
-display to speak. When moderators leave, `onLeave: pause` stops both ways
+and what it types meanwhile is dropped, while its end of input (v5's close of
+stdin, SPDY's FIN) waits for the session to open; a display's viewer waits
+for the display to speak. When moderators leave, `onLeave: pause` stops both ways
 again (and says so) until enough are back, `onLeave: terminate` ends the
 session (4007). A moderator ends it at will (`Gate.end`, 4006).
 
@@ -129,6 +130,9 @@ class Moderated:
         self._started = False
         self._said: list[bytes] = []
         self._held: bytes | None = None
+        self.holding_eof = False
+        """The client ended its input while the session was not open: the backend hears it
+        once the session opens (ending input is input, and a shell ends on it)."""
         self._reading: asyncio.Future[bytes] | None = None
         self._wake = asyncio.Event()
         self._closer: Closer | None = None
@@ -206,6 +210,9 @@ class Moderated:
             if self._open and self._held is not None:
                 held, self._held = self._held, None
                 return held
+            if self._open and self.holding_eof:
+                self.holding_eof = False
+                await self._backend.write_eof()
             if self._open and self._reading is None:
                 self._reading = asyncio.ensure_future(self._backend.read())
             data = await self._next()
@@ -240,8 +247,12 @@ class Moderated:
             await self._backend.write(data)
 
     async def write_eof(self) -> None:
-        """The client is done sending."""
-        await self._backend.write_eof()
+        """The client is done sending: the backend hears it now if the session is open, else
+        when it opens (`read` passes it on then, as it would the backend's output)."""
+        if self._open:
+            await self._backend.write_eof()
+        elif not self._ended:
+            self.holding_eof = True
 
     async def close(self) -> None:
         """Leave the gate, then close the backend."""

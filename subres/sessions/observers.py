@@ -4,7 +4,8 @@ An observer costs memory while it watches: a console observer may have up
 to `session.observerBacklog` bytes queued before it is cut off, a display
 observer holds a VNC connection and its buffers. Read-only rights are enough
 to attach, and 300 observers that never read took a replica past its
-512 MiB limit. So each observer takes a slot before its upgrade, refused
+512 MiB limit. So each observer (and each `log?follow=true` reader, which
+costs as much) takes a slot before its upgrade, refused
 when its console or display already has `maxObserversPerConsole` observers
 or the replica `maxObservers`, and gives it back when its backend (its feed,
 its display connection) is closed, which every session's end does.

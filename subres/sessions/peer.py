@@ -9,8 +9,9 @@ dials or attaches as a session of its own would (`prepare`), answers 101
 and relays (`serve`). The request carries, as headers:
 
     Subres-Unit: machines/console/default/vm1[/console name]
-    Subres-Mode: writer | observer | viewer | redirector
-    Subres-User, Subres-Group (repeated), Subres-Client, Subres-Request-Id
+    Subres-Mode: writer | observer | viewer | moderator | redirector (`sessions.modes`)
+    Subres-User: the user, whole (`auth.user.encode`: name, uid, groups, extra)
+    Subres-Client, Subres-Request-Id
     Subres-Front: the front replica's name
     Subres-Preserve: true     (preserveSession)
     Subres-Tail: N            (?tail=N)
@@ -31,10 +32,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from subres.auth import user
+from subres.auth.user import UserInfo
 from subres.backends.peer import PeerRefused, PeerStream
 from subres.engine.pump import Traffic, pump
 from subres.engine.stream import ByteStream, Terminal
@@ -42,18 +45,10 @@ from subres.kube.status import StatusError
 from subres.protocol import digits, relay
 from subres.protocol.channels import TerminalSize
 from subres.sessions import recordings, sharing, usbslots
+from subres.sessions.modes import Mode
 from subres.sessions.registry import SessionKey
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import (
-    MODERATOR,
-    OBSERVER,
-    REDIRECTOR,
-    VIEWER,
-    WRITER,
-    Hold,
-    busy,
-    hold,
-)
+from subres.sessions.session import Hold, busy, hold
 from subres.sessions.target import Target, key
 
 __all__ = [
@@ -64,6 +59,7 @@ __all__ = [
     "Prepared",
     "front",
     "headers",
+    "identity",
     "parse",
     "prepare",
     "release",
@@ -77,9 +73,9 @@ NOT_OWNER = 421
 MAX_TAIL = (1 << 31) - 1
 """The most lines a peer session may replay (what a front lets a client ask)."""
 MODES = {
-    "console": (WRITER, OBSERVER, MODERATOR),
-    "vnc": (VIEWER, OBSERVER, MODERATOR),
-    "usbredir": (REDIRECTOR,),
+    "console": (Mode.WRITER, Mode.OBSERVER, Mode.MODERATOR),
+    "vnc": (Mode.VIEWER, Mode.OBSERVER, Mode.MODERATOR),
+    "usbredir": (Mode.REDIRECTOR,),
 }
 """The subresources served by their unit's owner, and their modes."""
 
@@ -105,7 +101,7 @@ class Ask:
     """What a front asks of an owner."""
 
     unit: SessionKey
-    mode: str
+    mode: Mode
     who: Who
     front: str
     preserve: bool = False
@@ -120,13 +116,12 @@ def headers(ask: Ask) -> list[tuple[str, str]]:
         parts.append(unit.unit)
     out = [
         ("Subres-Unit", "/".join(parts)),
-        ("Subres-Mode", ask.mode),
-        ("Subres-User", ask.who.user),
+        ("Subres-Mode", ask.mode.value),
+        ("Subres-User", user.encode(ask.who.identity)),
         ("Subres-Client", ask.who.client),
         ("Subres-Request-Id", ask.who.request_id),
         ("Subres-Front", ask.front),
     ]
-    out += [("Subres-Group", group) for group in ask.who.groups]
     if ask.preserve:
         out.append(("Subres-Preserve", "true"))
     if ask.tail is not None:
@@ -134,22 +129,22 @@ def headers(ask: Ask) -> list[tuple[str, str]]:
     return out
 
 
-def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
+def parse(one: Mapping[str, str]) -> Ask:
     """The `Ask` of a peer request's headers (`one`: each header's value; 400 otherwise)."""
     parts = one.get("Subres-Unit", "").split("/")
     if len(parts) not in (4, 5) or not all(parts[:4]):
         raise StatusError(400, "the peer request names no unit")
     unit = SessionKey(*parts)
-    mode = one.get("Subres-Mode", "")
-    if mode not in MODES.get(unit.subresource, ()):
-        raise StatusError(400, f"no {unit.subresource} session has the mode {mode!r}")
+    text = one.get("Subres-Mode", "")
+    mode = next((m for m in MODES.get(unit.subresource, ()) if m == text), None)
+    if mode is None:
+        raise StatusError(400, f"no {unit.subresource} session has the mode {text[:64]!r}")
     tail = one.get("Subres-Tail")
     lines = digits.value(tail, cap=MAX_TAIL) if tail is not None and digits.plain(tail) else -1
     if tail is not None and not 0 <= lines <= MAX_TAIL:
         raise StatusError(400, f"Subres-Tail must be a number of lines, not {tail[:64]!r}")
     who = Who(
-        user=one.get("Subres-User", ""),
-        groups=tuple(groups),
+        identity=identity(one.get("Subres-User", "")),
         client=one.get("Subres-Client", ""),
         request_id=one.get("Subres-Request-Id", ""),
     )
@@ -163,11 +158,19 @@ def parse(one: Mapping[str, str], groups: Sequence[str]) -> Ask:
     )
 
 
+def identity(value: str) -> UserInfo:
+    """The user a peer request carries (400 when it carries none, or not whole)."""
+    try:
+        return user.decode(value)
+    except ValueError as exc:
+        raise StatusError(400, f"the peer request names no user: {exc}") from None
+
+
 # --- the front -----------------------------------------------------------------------------
 
 
 async def front(
-    state: Runtime, target: Target, who: Who, *, mode: str, preserve: bool, tail: int | None
+    state: Runtime, target: Target, who: Who, *, mode: Mode, preserve: bool, tail: int | None
 ) -> PeerStream | None:
     """A peer session on the owner of `target`'s unit; None when this replica owns it.
 
@@ -234,7 +237,7 @@ async def prepare(state: Runtime, ask: Ask) -> Prepared:
         state,
         ask.who.user,
         target=target,
-        exclusive=ask.mode in (WRITER, VIEWER, REDIRECTOR),
+        exclusive=ask.mode in (Mode.WRITER, Mode.VIEWER, Mode.REDIRECTOR),
         preserve=ask.preserve,
         mode=ask.mode,
         via=ask.front,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from subres.auth.user import UserInfo
 from subres.backends.peer import Peers
 from subres.config import Config, ParentSpec, SubresourceSpec
 from subres.engine.stream import ByteStream
@@ -86,10 +87,20 @@ class Runtime(Protocol):
 class Who:
     """Who opened a session, from where, under which request."""
 
-    user: str
-    groups: tuple[str, ...]
+    identity: UserInfo
+    """The user as authenticated by the front replica, whole (it crosses a peer hop so)."""
     client: str
     """The client's address as the front replica saw it (kube-apiserver's, behind it)."""
     request_id: str
     transport: asyncio.Transport | None = None
     """The client's connection on this replica, to drop at once (None when relayed)."""
+
+    @property
+    def user(self) -> str:
+        """The user's name."""
+        return self.identity.name
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """Every group of the user."""
+        return self.identity.groups

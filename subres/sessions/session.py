@@ -28,10 +28,10 @@ session. This is the place that audit and observers hook into. Both are
 plain objects rather than generator-based context managers: an idle session
 should cost no frame.
 
-Every session has a mode: a console's `writer` (one at a time) or
-`observer` (any number, read-only), a display's interactive `viewer` (one at
-a time) or view-only `observer`, a port-forward's `forwarder`, a USB slot's
-`redirector` (one at a time).
+Every session has a mode (`sessions.modes.Mode`): a console's `writer` (one
+at a time) or `observer` (any number, read-only), a display's interactive
+`viewer` (one at a time) or view-only `observer`, a moderator of either, a
+port-forward's `forwarder`, a USB slot's `redirector` (one at a time).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from subres.policies import Limits
 from subres.sessions import events, limits, recorded, recordings
 from subres.sessions.display import DisplayRecorder, DisplayUnavailable
 from subres.sessions.limits import Watch, rbac_name
+from subres.sessions.modes import DEFAULT_MODES, Mode
 from subres.sessions.recorder import Recorder
 from subres.sessions.recordings import Quota, Recording, RecordingUnavailable, Seat
 from subres.sessions.registry import Busy, Claim, Closable
@@ -58,12 +59,6 @@ from subres.sessions.runtime import Runtime, Who
 from subres.sessions.target import Target, endpoint_url, key
 
 __all__ = [
-    "FORWARDER",
-    "MODERATOR",
-    "OBSERVER",
-    "REDIRECTOR",
-    "VIEWER",
-    "WRITER",
     "Hold",
     "Live",
     "Record",
@@ -78,27 +73,13 @@ log = logging.getLogger(__name__)
 
 LOST = Outcome(Ending.CLIENT, "the client connection was lost")
 
-WRITER = "writer"
-OBSERVER = "observer"
-VIEWER = "viewer"
-FORWARDER = "forwarder"
-MODERATOR = "moderator"
-REDIRECTOR = "redirector"
-DEFAULT_MODES = {
-    "console": WRITER,
-    "vnc": VIEWER,
-    "portforward": FORWARDER,
-    "usbredir": REDIRECTOR,
-}
-
 
 @dataclass
 class Record:
     """What is known of one session: who, what, how much, and how it ended."""
 
     subresource: str
-    mode: str
-    """writer, observer, viewer, forwarder or redirector."""
+    mode: Mode
     dialect: str
     """The negotiated subprotocol or stream protocol; "raw" for none."""
     kind: str
@@ -224,7 +205,7 @@ class Live:
         """When the client last gave input, for its idle timeout; None for a session that
         takes none. A backend that tells input from other bytes (a display's viewer, whose
         update requests are not input) says when itself."""
-        if self.record.mode not in (WRITER, VIEWER, FORWARDER):
+        if self.record.mode not in (Mode.WRITER, Mode.VIEWER, Mode.FORWARDER, Mode.REDIRECTOR):
             return None
         last_input = getattr(self.backend, "last_input", None)
         if callable(last_input):
@@ -306,7 +287,7 @@ class Hold:
         *,
         exclusive: bool,
         preserve: bool,
-        mode: str,
+        mode: Mode | None,
         owner: bool,
         via: str = "",
     ) -> None:
@@ -317,7 +298,7 @@ class Hold:
         self.target = target
         self.exclusive = exclusive
         self.preserve = preserve
-        self.mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
+        self.mode = mode or DEFAULT_MODES.get(target.spec.name, Mode.WRITER)
         self.owner = owner
         self.claim: Claim | None = None
         self.seat: Seat | None = None
@@ -441,7 +422,7 @@ def hold(
     target: Target,
     exclusive: bool,
     preserve: bool = False,
-    mode: str = "",
+    mode: Mode | None = None,
     owner: bool = True,
     via: str = "",
 ) -> Hold:
@@ -464,11 +445,11 @@ def hold(
     )
 
 
-def record(target: Target, who: Who, *, dialect: str, mode: str = "") -> Record:
+def record(target: Target, who: Who, *, dialect: str, mode: Mode | None = None) -> Record:
     """A new session's `Record`; `mode` defaults to the subresource's interactive one."""
     return Record(
         subresource=target.spec.name,
-        mode=mode or DEFAULT_MODES.get(target.spec.name, WRITER),
+        mode=mode or DEFAULT_MODES.get(target.spec.name, Mode.WRITER),
         dialect=dialect or "raw",
         kind=target.parent.kind,
         namespace=target.namespace,
@@ -489,7 +470,7 @@ def live(
     dialect: str,
     client: Closable,
     held: Hold | None = None,
-    mode: str = "",
+    mode: Mode | None = None,
     backend: object = None,
     limits: Limits | None = None,
 ) -> Live:
@@ -516,13 +497,13 @@ def admit(
     who: Who,
     *,
     target: Target,
-    mode: str = "",
+    mode: Mode | None = None,
     elsewhere: Sequence[tuple[str, str]] = (),
 ) -> Limits:
     """The limits of a new session of `who`, before its upgrade; 429 when the user already
     has as many sessions as a rule allows, counting those this replica fronts and
     `elsewhere` (the subresources and modes of the user's sessions on other replicas)."""
-    mode = mode or DEFAULT_MODES.get(target.spec.name, WRITER)
+    mode = mode or DEFAULT_MODES.get(target.spec.name, Mode.WRITER)
     others = [limits.Counted(who.user, rbac_name(sub, how)) for sub, how in elsewhere]
     return limits.admit(
         state.config.limits,

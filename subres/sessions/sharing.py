@@ -28,9 +28,9 @@ from subres.policies import Moderation
 from subres.sessions import recorded
 from subres.sessions.hub import Feed, Hub, KeptPort, Tee
 from subres.sessions.moderation import Gate, Moderated, Moderating
+from subres.sessions.modes import Mode
 from subres.sessions.observers import Slot, TooManyObservers
 from subres.sessions.runtime import Runtime, Who
-from subres.sessions.session import MODERATOR, OBSERVER, VIEWER
 from subres.sessions.target import Target, endpoint_url, key
 from subres.sessions.viewer import GuardedDisplay
 
@@ -55,26 +55,26 @@ RETRY_AFTER = 5
 
 
 async def console(
-    state: Runtime, target: Target, who: Who, *, mode: str, tail: int | None
+    state: Runtime, target: Target, who: Who, *, mode: Mode, tail: int | None
 ) -> ByteStream:
     """The backend of a console session of `mode` on the console's owner."""
-    if mode == MODERATOR:
+    if mode == Mode.MODERATOR:
         may_moderate(state, target, who)
         return moderate(state, target, observe(state, target, tail=tail), who)
-    if mode == OBSERVER:
+    if mode == Mode.OBSERVER:
         return observe(state, target, tail=tail)
     backend = await write(state, target, endpoint_url(target), tail=tail)
     return moderated(state, target, backend, who)
 
 
-async def display(state: Runtime, target: Target, who: Who, *, mode: str) -> ByteStream:
+async def display(state: Runtime, target: Target, who: Who, *, mode: Mode) -> ByteStream:
     """The backend of a display session of `mode` on the display's owner: a connection of
     its own, guarded (view-only but for the interactive viewer, which alone takes no
     observer's place)."""
-    if mode == MODERATOR:
+    if mode == Mode.MODERATOR:
         may_moderate(state, target, who)
     recorded.check(state, target)  # a recording that cannot be kept: 503, before anything
-    view_only = mode != VIEWER
+    view_only = mode != Mode.VIEWER
     place = watching(state, target) if view_only else None
     try:
         connection = await state.backends.connect(target, endpoint_url(target))
@@ -83,9 +83,9 @@ async def display(state: Runtime, target: Target, who: Who, *, mode: str) -> Byt
             place.release()
         raise
     guarded = GuardedDisplay(connection, view_only=view_only, place=place)
-    if mode == MODERATOR:
+    if mode == Mode.MODERATOR:
         return moderate(state, target, guarded, who)
-    return moderated(state, target, guarded, who) if mode == VIEWER else guarded
+    return moderated(state, target, guarded, who) if mode == Mode.VIEWER else guarded
 
 
 async def write(state: Runtime, target: Target, url: str, *, tail: int | None) -> ByteStream:

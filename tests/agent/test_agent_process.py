@@ -33,7 +33,7 @@ from tests.agent.conftest import (
     replica_options,
 )
 from tests.agent.test_relay import echoed, ws
-from tests.server.test_cve_regressions import proxy_certificate
+from tests.server.test_cve_regressions import certificate_without_usages, proxy_certificate
 from tests.support import Backend, start_standalone
 
 SERVER_NAME = f"{certs.AGENT_SERVICE}.{NAMESPACE}.svc"
@@ -81,6 +81,38 @@ async def test_only_replicas_of_the_agents_ca_and_identity_get_in(
         assert backend.accepted == 0
     finally:
         await backend.stop()
+
+
+async def test_a_certificate_of_the_agents_ca_naming_no_usage_is_refused_and_logged(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    backend = await Backend().start_unix(agent.socket_dir / "serial.sock")
+    try:
+        bare = certificate_without_usages(agent.pki.ca, certs.REPLICA_IDENTITY)
+        code, message = await ask(agent, client_context(agent.pki, bare, tmp_path), backend.url)
+        reason = (
+            "certificate 'subres-replica' names no extended key usage, "
+            "and a replica's says clientAuth"
+        )
+        assert (code, message) == (401, reason)
+        assert backend.accepted == 0
+        said = await logged(agent, reason)
+        assert "Traceback" not in said and "BEGIN" not in said, said
+        assert f"serial {bare.cert.serial_number:x}" in said
+    finally:
+        await backend.stop()
+
+
+async def logged(agent: AgentProcess, text: str) -> str:
+    """What the agent wrote on stderr up to the line that says `text`."""
+    assert agent.proc.stderr is not None
+    said = ""
+    async with asyncio.timeout(10):
+        while text not in said:
+            line = await agent.proc.stderr.readline()
+            assert line, f"the agent ended without saying {text!r}: {said}"
+            said += line.decode(errors="replace")
+    return said
 
 
 async def test_a_replica_cannot_widen_the_agents_policy(

@@ -230,6 +230,23 @@ def proxy_certificate(ca: certs.KeyPair, *common_names: str) -> certs.KeyPair:
     return certs.KeyPair(cert, key)
 
 
+def certificate_without_usages(ca: certs.KeyPair, common_name: str) -> certs.KeyPair:
+    """A certificate of `ca` named `common_name` with no ExtendedKeyUsage extension at all."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .sign(ca.key, hashes.SHA256())
+    )
+    return certs.KeyPair(cert, key)
+
+
 @pytest.mark.parametrize(
     "names",
     [("intruder",), ("front-proxy-client", "intruder"), ("intruder", "front-proxy-client")],

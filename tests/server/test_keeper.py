@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,24 @@ async def test_kept_places_are_shared_fairly_between_namespaces(
         hubs = subres.server.state.sessions.hubs
         await wait_for(lambda: len(hubs) == 9)
         assert collections.Counter(key.namespace for key in hubs)["default"] == 5
+
+
+async def test_a_kept_place_goes_only_to_a_console_that_names_an_endpoint(
+    tmp_path: Path, serial: Backend
+) -> None:
+    # First in name order, opted in and Running, but its console names no endpoint (yet).
+    bare = machine("a-bare", annotations=KEEP)
+    async with start_standalone(
+        tmp_path, bare, kept("b", serial.url), config={"consoles": {"maxKept": 1}}
+    ) as subres:
+        await serial.wait_open(1)
+        hubs = subres.server.state.sessions.hubs
+        await wait_for(lambda: [k.name for k in hubs] == ["b"])
+        status, _, body = await subres.fetch(subres.url("b", "log", scheme="https"))
+        assert status == 200, body
+        status, _, body = await subres.fetch(subres.url("a-bare", "log", scheme="https"))
+        assert status == 400, body
+        assert json.loads(body)["message"] == (
+            "Machine default/a-bare: the console is not kept, so it has no log: "
+            "it names no endpoint to dial (.status.console.endpoint)"
+        )

@@ -13,15 +13,19 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import websockets
 import yaml
 from websockets.asyncio.client import ClientConnection
 
 from subres.policies import Limits, PolicyError, parse_limits
+from subres.server import usbredir
 from tests.consoles import closed, stdout_until
+from tests.server.replicas import as_user, owner_and_other, replicas, url
 from tests.server.test_audit_events import with_uid
 from tests.server.test_cluster import client_ssl, cluster
+from tests.server.test_replicas_units import answer, put_vm, tagged_backends
 from tests.server.test_vnc import vnc_machine
 from tests.server.test_vnc_shared import RecordingVnc, Viewer
 from tests.support import LOOPBACK_POLICY, Backend, Standalone, machine, start_standalone, wait_for
@@ -198,3 +202,37 @@ def test_rules_are_read_strictly() -> None:
         subresource="console",
     )
     assert limits_of.idle is not None and limits_of.idle.value == 60
+
+
+@pytest.mark.parametrize(
+    ("dialect", "reached"),
+    [
+        pytest.param(dialect, reached, id=f"usbredir-{dialect or 'raw'}-{reached}-ends-idle")
+        for dialect in usbredir.SUBPROTOCOLS
+        for reached in ("owner", "relayed")
+    ],
+)
+async def test_a_usb_redirection_without_input_ends_at_its_idle_timeout(
+    tmp_path: Path, backend: Backend, dialect: str, reached: str
+) -> None:
+    rule = {"name": "idle", "subresources": ["usbredir"], "idleTimeout": 1}
+    async with (
+        tagged_backends(b"slot0:") as slots,
+        replicas(tmp_path, backend, config=lambda _: limits(rule)) as (fake, servers),
+        aiohttp.ClientSession() as http,
+    ):
+        await put_vm(fake, servers, {"usbredir": {"endpoints": [b.url for b in slots]}})
+        owner, other = owner_and_other(servers, "usbredir")
+        front = owner if reached == "owner" else other
+        async with http.ws_connect(
+            url(front, "usbredir"),
+            protocols=(dialect,) if dialect else (),
+            **as_user(tmp_path, "alice"),
+        ) as ws:
+            assert await answer(ws, b"hello") == b"slot0:hello"
+            closing = await ws.receive(timeout=10)
+    assert (closing.type, closing.data, closing.extra) == (
+        aiohttp.WSMsgType.CLOSE,
+        IDLE,
+        "no input for 1s: the session's idle timeout (limit idle)",
+    )

@@ -13,6 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from subres.auth import user
+from subres.auth.user import UserInfo
 from subres.kube.status import StatusError
 from subres.sessions import peer
 from tests.support import Backend, Standalone, machine, start_standalone
@@ -69,9 +71,13 @@ async def test_a_huge_number_in_the_sessions_query_or_a_plain_get_is_a_status(
 
 @pytest.mark.parametrize(("tail", "lines"), [("12", 12), ("0" * 5000 + "3", 3)])
 def test_a_peer_sessions_tail_is_read_as_the_fronts(tail: str, lines: int) -> None:
-    one = {"Subres-Unit": "machines/console/default/vm1", "Subres-Mode": "observer"}
-    assert peer.parse({**one, "Subres-Tail": tail}, []).tail == lines
+    one = {
+        "Subres-Unit": "machines/console/default/vm1",
+        "Subres-Mode": "observer",
+        "Subres-User": user.encode(UserInfo("alice")),
+    }
+    assert peer.parse({**one, "Subres-Tail": tail}).tail == lines
     for bad in (HUGE, "-1", "x", "\u0663"):
         with pytest.raises(StatusError) as refused:
-            peer.parse({**one, "Subres-Tail": bad}, [])
+            peer.parse({**one, "Subres-Tail": bad})
         assert refused.value.code == 400

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import logging
 import os
 import ssl
 import struct
@@ -24,6 +25,7 @@ import aiohttp
 import pytest
 import yaml
 
+from subres.auth.user import UserInfo
 from subres.backends.agent import Request, open_relay
 from subres.backends.peer import PATH, UPGRADE, PeerStream
 from subres.demo.vnc import Display, VncServer
@@ -33,9 +35,19 @@ from subres.protocol.relay import HEARTBEAT_HEADER as HEARTBEAT
 from subres.server.run import Server
 from subres.serving import certs
 from subres.sessions import peer
+from subres.sessions.modes import Mode
 from subres.sessions.runtime import Who
-from tests.server.replicas import as_user, echoes, owner_and_other, replicas, unit, url
+from tests.server.replicas import (
+    REPLICA_CA,
+    as_user,
+    echoes,
+    owner_and_other,
+    replicas,
+    unit,
+    url,
+)
 from tests.server.test_cluster import CLIENT_CA
+from tests.server.test_cve_regressions import certificate_without_usages
 from tests.server.test_session_ends import reset_after_hello
 from tests.server.test_ssh_backend import CONSOLE
 from tests.ssh_support import SshServer, secret
@@ -261,7 +273,7 @@ async def test_the_sessions_list_is_complete_from_either_replica_with_client_and
 
 
 async def test_the_peer_port_admits_only_replica_certificates(
-    tmp_path: Path, backend: Backend
+    tmp_path: Path, backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
         server = servers[0]
@@ -270,14 +282,33 @@ async def test_the_peer_port_admits_only_replica_certificates(
         with pytest.raises(aiohttp.ClientError):
             async with http.get(where, **as_user(tmp_path, "mallory")):
                 pass
+        # A certificate of the replicas' CA that names no usage: a Status, never a traceback.
+        bare = certificate_without_usages(REPLICA_CA, certs.REPLICA_IDENTITY)
+        bare.write(tmp_path / "bare.crt", tmp_path / "bare.key")
+        with caplog.at_level(logging.WARNING):
+            async with http.get(
+                where, ssl=replica_ssl(tmp_path, "bare"), server_hostname="subres-replica"
+            ) as r:
+                assert r.status == 401
+                assert (await r.json())["message"] == (
+                    "certificate 'subres-replica' names no extended key usage, "
+                    "and a replica's says clientAuth"
+                )
+        assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+        assert any("names no extended key usage" in r.getMessage() for r in caplog.records)
         # The replica certificate gets the listing.
-        import ssl
-
-        ctx = ssl.create_default_context(cafile=str(tmp_path / "replica-ca.crt"))
-        ctx.load_cert_chain(tmp_path / "replica.crt", tmp_path / "replica.key")
-        async with http.get(where, ssl=ctx, server_hostname="subres-replica") as r:
+        async with http.get(
+            where, ssl=replica_ssl(tmp_path, "replica"), server_hostname="subres-replica"
+        ) as r:
             assert r.status == 200
             assert json.loads(await r.text()) == {"items": []}
+
+
+def replica_ssl(tmp: Path, pair: str) -> ssl.SSLContext:
+    """A client context of the replicas' CA with the pair `tmp/pair.crt` and `.key`."""
+    ctx = ssl.create_default_context(cafile=str(tmp / "replica-ca.crt"))
+    ctx.load_cert_chain(tmp / f"{pair}.crt", tmp / f"{pair}.key")
+    return ctx
 
 
 async def full_frame(ws: aiohttp.ClientWebSocketResponse) -> bytes:
@@ -359,8 +390,8 @@ async def test_a_front_that_falls_silent_is_dropped_by_the_owner_and_the_console
         owner, _ = owner_and_other(servers)
         context = ssl.create_default_context(cafile=str(tmp_path / "replica-ca.crt"))
         context.load_cert_chain(tmp_path / "replica.crt", tmp_path / "replica.key")
-        who = Who(user="alice", groups=(), client="10.0.0.9", request_id="silent")
-        ask = peer.Ask(unit(), "writer", who, front="replica-gone")
+        who = Who(identity=UserInfo("alice"), client="10.0.0.9", request_id="silent")
+        ask = peer.Ask(unit(), Mode.WRITER, who, front="replica-gone")
         stream = await open_relay(
             lambda: PeerStream(owner="owner", high_water=1 << 18, write_timeout=30),
             ("127.0.0.1", owner.peer_port),
