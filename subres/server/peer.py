@@ -44,8 +44,12 @@ REPLICA_NAME = certs.REPLICA_IDENTITY
 
 
 def build(state: State) -> web.Application:
-    """The peer application."""
-    app = web.Application(middlewares=[errors.errors, _replicas_only])
+    """The peer application, timed by the same connection guard as the main port's: its
+    upgraded sessions run no timer, its idle keep-alive connections are reaped."""
+    # The handshake required a replica certificate: past `_replicas_only`, the caller is one.
+    app = state.connections.application(
+        [errors.errors, _replicas_only], authenticated=lambda _: True
+    )
     recordings = "/peer/v1/recordings/{resource}/{namespace}/{name}"
     app.router.add_post("/peer/v1/session", functools.partial(_session, state))
     app.router.add_get("/peer/v1/sessions", functools.partial(sessionlist.fronted, state))

@@ -141,11 +141,11 @@ class Server:
         log.info("serving replicas on https://%s:%d", self.options.bind_address, self.peer_port)
 
     async def _listen(self, runner: web.AppRunner, port: int, tls: ReloadingTLS) -> int:
-        """Set `runner` up behind the connection guard on `port`; the port actually bound."""
+        """Set `runner` up behind its application's connection guard on `port`; the port
+        actually bound."""
         await runner.setup()
         site = connections.GuardedSite(
             runner,
-            self.state.connections,
             host=self.options.bind_address,
             port=port,
             ssl_context=tls.context,
