@@ -43,7 +43,7 @@ import datetime
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,24 @@ class Owners:
     def on_change(self, listener: Callable[[tuple[str, ...]], None]) -> None:
         """Call `listener(previous members)` after every change of members."""
         self._listeners.append(listener)
+
+    @contextlib.contextmanager
+    def leaving(self, member: str, then: Callable[[], object]) -> Iterator[None]:
+        """Within the block, call `then()` once as soon as `member` is no longer a member
+        (at once if it is not one)."""
+
+        def changed(_: tuple[str, ...]) -> None:
+            if member not in self.members and changed in self._listeners:
+                self._listeners.remove(changed)
+                then()
+
+        self._listeners.append(changed)
+        try:
+            changed(self.members)
+            yield
+        finally:
+            if changed in self._listeners:
+                self._listeners.remove(changed)
 
     def settle(self) -> None:
         """This replica has been a member long enough to keep consoles: tell the listeners."""

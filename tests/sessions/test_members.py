@@ -196,3 +196,19 @@ async def test_after_an_outage_a_live_peer_renewing_a_moment_later_never_drops_o
     view.changed(0, lease("b", version="2"), deleted=False)  # ...b a moment later
     assert members(view) == ("a", "b")
     assert moves == []
+
+
+def test_leaving_is_told_once_when_the_member_goes_and_never_after_the_block() -> None:
+    owners = Owners("a", ("a", "b"))
+    told: list[str] = []
+    with owners.leaving("b", lambda: told.append("b")):
+        owners.update(["a", "b"], {})
+        assert told == []
+        owners.update(["a"], {})
+        owners.update(["a", "c"], {})
+    with owners.leaving("c", lambda: told.append("c")):
+        pass
+    owners.update(["a"], {})
+    with owners.leaving("gone", lambda: told.append("gone")):
+        pass
+    assert told == ["b", "gone"]
