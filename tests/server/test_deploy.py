@@ -384,3 +384,28 @@ def test_moderating_is_a_role_of_its_own() -> None:
     granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
     assert {("machines/console-moderate", "delete"), ("machines/vnc-moderate", "get")} <= granted
     assert not any(r in ("machines/console", "machines/vnc") for r, _ in granted)
+
+
+def test_the_streams_have_a_priority_level_of_their_own() -> None:
+    """Every streaming subresource kube-apiserver proxies is in the install's FlowSchema, whose
+    level neither lends nor borrows (tests/e2e/test_flowcontrol.py applies both)."""
+    docs = documents()
+    level = docs[("PriorityLevelConfiguration", "subres-streams")]["spec"]
+    assert level["type"] == "Limited"
+    limited = level["limited"]
+    assert (limited["lendablePercent"], limited["borrowingLimitPercent"]) == (0, 0)
+    schema = docs[("FlowSchema", "subres-streams")]["spec"]
+    assert schema["priorityLevelConfiguration"]["name"] == "subres-streams"
+    assert schema["matchingPrecedence"] < 9000  # before service-accounts and global-default
+    [rule] = schema["rules"]
+    assert rule["subjects"] == [{"kind": "Group", "group": {"name": "system:authenticated"}}]
+    [resources] = rule["resourceRules"]
+    machines = configfile.Config().parent("machines")
+    assert machines is not None
+    streams = {*machines.subresources, "log"} - {"screenshot"}
+    streams |= {f"{sub}-{how}" for sub in ("console", "vnc") for how in ("observe", "moderate")}
+    assert set(resources["resources"]) == {f"machines/{sub}" for sub in streams}
+    assert (set(resources["verbs"]), resources["apiGroups"]) == (
+        {"get", "create"},
+        ["subresources.subres.dev"],
+    )
