@@ -4,7 +4,8 @@ Two real replicas (`tests.server.replicas`); the other replica's peer answer
 to the sessions list (`GET /peer/v1/sessions`) is replaced by one that
 arrives in many pieces, one cut short, or one that is not a listing. The
 replica asked must list every session of a whole answer, and must leave out,
-log, count and name (Warning) a cut or unparsable one.
+log, count and name (Warning) a cut or unparsable one. A recording the
+other replica sends cut short is answered 503, never 200 with part of it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from subres.server import sessionlist
+from subres.server import recordinglist, sessionlist
 from subres.server.state import State
 from tests.server.replicas import as_user, replicas, url
 from tests.support import Backend
@@ -141,3 +142,28 @@ async def test_an_answer_that_is_no_listing_is_left_out_logged_counted_and_named
     assert warning is not None and "replica-b" in warning
     assert counted == {"cut": 0.0, "unparsable": 1.0, "unreachable": 0.0}
     assert any("no listing" in r.getMessage() for r in caplog.records), caplog.records
+
+
+async def test_a_recording_cut_short_by_the_replica_that_has_it_is_never_served(
+    tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_one = recordinglist.local_one
+
+    async def cut_when_asked_by_a_peer(state: State, request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/peer/"):
+            return await _cut_short(state, request)
+        return await local_one(state, request)  # here: no such file, 404
+
+    monkeypatch.setattr(recordinglist, "local_one", cut_when_asked_by_a_peer)
+    async with replicas(tmp_path, backend) as (_, servers), aiohttp.ClientSession() as http:
+        asked = servers[0]
+        name = "20261206T050000Z-0123456789abcdef.cast"
+        recording = url(asked, f"recordings/{name}").replace("wss://", "https://")
+        async with http.get(recording, **as_user(tmp_path, "auditor")) as r:
+            status, text = r.status, await r.text()
+        cut = asked.state.metrics.registry.get_sample_value(
+            "subres_peer_answers_failed_total", {"reason": "cut"}
+        )
+    assert status == 503, text[:300]
+    assert "replica-b (" in text and "cut short" in text, text
+    assert cut == 1.0
