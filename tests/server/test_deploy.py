@@ -409,3 +409,29 @@ def test_the_streams_have_a_priority_level_of_their_own() -> None:
         {"get", "create"},
         ["subresources.subres.dev"],
     )
+
+
+def test_every_shipped_overlay_builds_and_carries_the_streams_flowschema(
+    tmp_path: Path, kubectl_bin: Path
+) -> None:
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    shutil.copytree(DEPLOY.parent / "examples", tmp_path / "examples")
+    assert main(["certs", "--out", str(tmp_path / "deploy" / "certs")]) == 0
+    kubevirt = tmp_path / "examples" / "kubevirt"
+    apiservice = "v1.subresources.kubevirt.io"
+    assert main(["certs", "--apiservice", apiservice, "--out", str(kubevirt / "certs")]) == 0
+    for overlay, group in (
+        (tmp_path / "deploy" / "self-signed", "subresources.subres.dev"),
+        (tmp_path / "deploy" / "cert-manager", "subresources.subres.dev"),
+        (kubevirt, "subresources.kubevirt.io"),
+    ):
+        built = subprocess.run(
+            [str(kubectl_bin), "kustomize", str(overlay)],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built)}
+        assert ("PriorityLevelConfiguration", "subres-streams") in docs, overlay
+        [rule] = docs[("FlowSchema", "subres-streams")]["spec"]["rules"]
+        assert rule["resourceRules"][0]["apiGroups"] == [group], overlay
