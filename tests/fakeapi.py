@@ -101,6 +101,17 @@ class FakeApiServer:
         kind = "MODIFIED" if key in self.pods.objects else "ADDED"
         await self._record(self.pods, kind, obj, key)
 
+    async def put_lease(self, obj: Json) -> None:
+        """Add or change a Lease, as another replica would write it."""
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        kind = "MODIFIED" if key in self.leases.objects else "ADDED"
+        await self._record(self.leases, kind, obj, key)
+
+    async def remove_lease(self, namespace: str, name: str) -> None:
+        """Delete a Lease (DELETED), as a replica leaving would."""
+        obj = self.leases.objects[(namespace, name)]
+        await self._record(self.leases, "DELETED", obj, (namespace, name))
+
     async def put(self, obj: Json, *, configmap: bool = False) -> None:
         """Add or change an object (ADDED or MODIFIED)."""
         coll = self.configmaps if configmap else self.machines

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 5.0
 """Seconds the relays, told to end, get to close when the agent stops."""
-GUARD = web.AppKey("guard", connections.Guard)
+GUARD = connections.GUARD
 """The application's connection guard (timeouts and the unauthenticated cap)."""
 
 
@@ -92,12 +92,11 @@ def build(options: AgentOptions) -> web.Application:
         read_size=options.read_size,
         write_timeout=options.write_timeout,
     )
-    guard = connections.Guard(options.connections)
-    middlewares = guard.around(
-        [errors.errors, relay.identity(settings)], authenticated=relay.authenticated
+    app = connections.Guard(options.connections).application(
+        [errors.errors, relay.identity(settings)],
+        authenticated=relay.authenticated,
+        client_max_size=0,
     )
-    app = web.Application(middlewares=middlewares, client_max_size=0)
-    app[GUARD] = guard
     app.router.add_route("POST", wire.PATH, functools.partial(relay.handle, settings))
 
     async def stopping(_: web.Application) -> None:
@@ -134,7 +133,6 @@ class Agent:
         await self.runner.setup()
         site = connections.GuardedSite(
             self.runner,
-            self.runner.app[GUARD],
             host=self.options.bind_address,
             port=self.options.port,
             ssl_context=self.tls.context,

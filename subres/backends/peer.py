@@ -32,7 +32,7 @@ from subres.engine.sockets import SocketStream
 from subres.protocol import relay
 from subres.protocol.channels import TerminalSize
 
-__all__ = ["GOING_AWAY", "UPGRADE", "PeerRefused", "PeerStream", "Peers"]
+__all__ = ["GOING_AWAY", "UPGRADE", "AnswerCut", "PeerRefused", "PeerStream", "Peers"]
 
 UPGRADE = "subres-peer.v1"
 PATH = "/peer/v1/session"
@@ -48,6 +48,11 @@ class PeerRefused(BackendUnavailable):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+class AnswerCut(OSError):
+    """An answer that ended before its Content-Length or its last chunk, or ran past the
+    bound it was read with: never to be used as if it were whole."""
 
 
 class PeerStream(RelayStream):
@@ -194,10 +199,12 @@ class Peers:
             raise OSError(str(exc)) from None
 
     async def get(self, address: tuple[str, int], path: str, *, limit: int) -> tuple[int, bytes]:
-        """GET `path` of the replica at `address`: its status and body (at most `limit` bytes).
+        """GET `path` of the replica at `address`: its status and whole body (at most `limit`
+        bytes).
 
-        Raises `OSError` (or `TimeoutError`) when it cannot be asked; the
-        caller bounds the time.
+        Raises `AnswerCut` when the body is cut short or larger than `limit`,
+        `OSError` (or `TimeoutError`) when it cannot be asked; the caller
+        bounds the time.
         """
         return await self.call("GET", address, path, limit=limit)
 
@@ -216,9 +223,27 @@ class Peers:
                     method, url, ssl=self.tls.context(), server_hostname=self.tls.server_name
                 ) as response,
             ):
-                body = await response.content.read(limit + 1)
-                if len(body) > limit:
-                    raise OSError(f"the answer of {url} is larger than {limit} bytes")
-                return response.status, body
+                return response.status, await _whole(response, limit=limit, url=url)
         except aiohttp.ClientError as exc:
             raise OSError(str(exc)) from None
+
+
+async def _whole(response: aiohttp.ClientResponse, *, limit: int, url: str) -> bytes:
+    """All of `response`'s body, however many reads it takes; `AnswerCut` when it ends before
+    it said it would, or would pass `limit` bytes."""
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise AnswerCut(f"the answer of {url} is larger than {limit} bytes ({declared})")
+    body = bytearray()
+    try:
+        async for piece in response.content.iter_any():
+            body += piece
+            if len(body) > limit:
+                raise AnswerCut(f"the answer of {url} is larger than {limit} bytes")
+    except aiohttp.ClientPayloadError as exc:
+        # aiohttp's word for a connection that ended inside the body (length or chunks).
+        cut = f"the answer of {url} was cut short after {len(body)} bytes: {exc}"
+        raise AnswerCut(cut) from None
+    if declared is not None and len(body) != declared:
+        raise AnswerCut(f"the answer of {url} was cut short: {len(body)} of {declared} bytes")
+    return bytes(body)

@@ -78,11 +78,9 @@ Handler = Callable[[State, web.Request], Awaitable[web.StreamResponse]]
 
 def build(state: State) -> web.Application:
     """The application serving `state`."""
-    app = web.Application(
-        middlewares=state.connections.around(
-            [errors.errors, middleware.identity(state)],
-            authenticated=middleware.authenticated,
-        ),
+    app = state.connections.application(
+        [errors.errors, middleware.identity(state)],
+        authenticated=middleware.authenticated,
         client_max_size=1 << 20,
         handler_args={"max_field_size": 16384},
     )

@@ -89,8 +89,9 @@ class Options:
     """Seconds denied SubjectAccessReview verdicts are cached."""
     access_log: bool = False
     """Log one line per HTTP request (`--access-log`)."""
-    shutdown_delay: float = 0.0
-    """Seconds a terminating server keeps serving, not ready, before it stops accepting."""
+    shutdown_delay: float = 5.0
+    """Seconds a terminating server keeps serving, not ready, before anything of it moves
+    or closes: the time endpoints take to drop it."""
     peer_port: int = 8445
     """Cluster mode: where replicas serve each other (mutual TLS, the replica certificate)."""
     member_duration: float = 6.0
@@ -312,9 +313,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--shutdown-delay",
         type=duration,
-        default=0.0,
+        default=5.0,
         help="on SIGTERM, keep serving this long with /readyz failing, so that endpoints "
-        "update before the listener closes (a second signal skips it)",
+        "drop this replica before its sessions are moved or closed and its listener closes "
+        "(default 5s; a second signal skips it)",
     )
     add(
         "--shutdown-grace",

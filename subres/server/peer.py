@@ -46,11 +46,14 @@ REPLICA_NAME = certs.REPLICA_IDENTITY
 
 
 def build(state: State) -> web.Application:
-    """The peer application."""
+    """The peer application, timed by the same connection guard as the main port's: its
+    upgraded sessions run no timer, its idle keep-alive connections are reaped."""
     # Room for a user carried whole (`auth.user.encode`), in a header or a query.
     room = user.MAX_ENCODED + 1024
-    app = web.Application(
-        middlewares=[errors.errors, _replicas_only],
+    # The handshake required a replica certificate: past `_replicas_only`, the caller is one.
+    app = state.connections.application(
+        [errors.errors, _replicas_only],
+        authenticated=lambda _: True,
         handler_args={"max_field_size": room, "max_line_size": room},
     )
     recordings = "/peer/v1/recordings/{resource}/{namespace}/{name}"

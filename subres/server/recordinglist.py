@@ -51,13 +51,11 @@ MAX_FILE = 1 << 30
 async def listing(state: State, request: web.Request) -> web.Response:
     """The recordings of one machine on every replica, newest first."""
     items = await _local_items(state, request)
-    answers = await fanout.ask_others(state, _peer_path(request), limit=MAX_LISTING)
-    failed = [*answers.failed, *answers.status]
-    for member, body in answers.ok.items():
-        try:
-            items += [i for i in json.loads(body)["items"] if isinstance(i, dict)]
-        except (ValueError, KeyError, TypeError):
-            failed.append(member)
+    path = _peer_path(request)
+    others, failed = fanout.listed(
+        state, await fanout.ask_others(state, path, limit=MAX_LISTING), path
+    )
+    items += others
     # A shared directory (ReadWriteMany) shows every file on every replica: once each.
     unique = {str(i.get("name")): i for i in items}
     merged = sorted(unique.values(), key=_newest_first, reverse=True)
@@ -103,10 +101,11 @@ async def one(state: State, request: web.Request) -> web.StreamResponse:
     for body in answers.ok.values():
         return web.Response(body=body, headers=_file_headers(name))
     if answers.failed:
+        # A cut answer is one of these: a recording is served whole or not at all.
         raise StatusError(
             503,
             f'recording "{name}" not found here, and replicas did not answer: '
-            + ", ".join(sorted(answers.failed)),
+            + ", ".join(f"{m} ({answers.failed[m]})" for m in sorted(answers.failed)),
         )
     raise StatusError(404, f'recording "{name}" not found')
 

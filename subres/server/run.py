@@ -6,14 +6,16 @@ builds standalone mode; `complete_cluster` builds cluster mode, whose
 apiserver-facing parts live in `subres.server.cluster`.
 
 Shutdown (`serve`, on SIGTERM or SIGINT): `/readyz` fails at once; the server
-keeps serving for `--shutdown-delay` (a second signal cuts it short) so that
-endpoints stop sending it requests; then `Server.stop` takes at most
+keeps serving, and owning its units, for `--shutdown-delay` (a second signal
+cuts it short) so that endpoints stop sending it requests before anything
+moves or closes; then it deletes its membership Lease, so that its units
+move to the others and its sessions on them end with 1001 (their clients
+come back through a replica that stays); then `Server.stop` takes at most
 `--shutdown-grace`: it stops accepting, tells every live session the server
 is going away (1001), waits for them to end until a last step before the
 deadline, drops the connections of any that did not (a client that reads
 nothing, a peer that never hangs up), lets aiohttp finish the other
-requests, and leaves the replicas' membership in what remains (its Lease
-was already deleted when the drain began, so that its units moved at once).
+requests, and stops watching in what remains.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class Background(Protocol):
         ...
 
     async def leave(self) -> None:
-        """The drain started: give this replica's units to the others now."""
+        """The shutdown delay is over: give this replica's units to the others now."""
         ...
 
 
@@ -142,11 +144,11 @@ class Server:
         log.info("serving replicas on https://%s:%d", self.options.bind_address, self.peer_port)
 
     async def _listen(self, runner: web.AppRunner, port: int, tls: ReloadingTLS) -> int:
-        """Set `runner` up behind the connection guard on `port`; the port actually bound."""
+        """Set `runner` up behind its application's connection guard on `port`; the port
+        actually bound."""
         await runner.setup()
         site = connections.GuardedSite(
             runner,
-            self.state.connections,
             host=self.options.bind_address,
             port=port,
             ssl_context=tls.context,
@@ -156,19 +158,21 @@ class Server:
         return int(runner.addresses[-1][1])
 
     async def drain(self, *, cut_short: asyncio.Event) -> None:
-        """Fail readiness, leave the members, keep serving for the shutdown delay, stop.
+        """Fail readiness, keep serving for the shutdown delay, leave the members, stop.
 
-        Serving goes on for `--shutdown-delay` (or until `cut_short`) so that
-        kube-apiserver stops sending requests; this replica's units move to the
-        others at once, and its sessions on them end with 1001.
+        Serving goes on, units and sessions included, for `--shutdown-delay`
+        (or until `cut_short`) so that endpoints and kube-apiserver stop
+        sending requests here first: a client told to reconnect then reaches
+        a replica that stays. Only then do this replica's units move to the
+        others (its sessions on them end with 1001) and its other sessions end.
         """
         self.state.draining = True
-        if self.background is not None:
-            await self.background.leave()
         log.info("shutting down: not ready; serving %.1fs more", self.options.shutdown_delay)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.options.shutdown_delay):
                 await cut_short.wait()
+        if self.background is not None:
+            await self.background.leave()
         await self.stop()
 
     async def stop(self) -> None:

@@ -151,16 +151,11 @@ def _local(state: State, selected: Selector) -> list[dict[str, Any]]:
 async def elsewhere(state: State, user: str) -> list[tuple[str, str]]:
     """The subresources and modes of `user`'s sessions that other replicas front (those
     that answer)."""
-    query = Selector(user=user).query()
-    answers = await fanout.ask_others(state, f"/peer/v1/sessions?{query}", limit=MAX_LISTING)
-    found = []
-    for body in answers.ok.values():
-        try:
-            listed = json.loads(body)["items"]
-            found += [(str(i["subresource"]), str(i["mode"])) for i in listed if i["user"] == user]
-        except (ValueError, KeyError, TypeError):
-            continue
-    return found
+    path = f"/peer/v1/sessions?{Selector(user=user).query()}"
+    listed, _ = fanout.listed(state, await fanout.ask_others(state, path, limit=MAX_LISTING), path)
+    return [
+        (str(i.get("subresource")), str(i.get("mode"))) for i in listed if i.get("user") == user
+    ]
 
 
 async def _items(state: State, selected: Selector) -> tuple[list[dict[str, Any]], list[str]]:
@@ -168,17 +163,10 @@ async def _items(state: State, selected: Selector) -> tuple[list[dict[str, Any]]
     items = _local(state, selected)
     query = selected.query()
     path = "/peer/v1/sessions" + (f"?{query}" if query else "")
-    answers = await fanout.ask_others(state, path, limit=MAX_LISTING)
-    failed = list(answers.failed)
-    for member, body in answers.ok.items():
-        try:
-            listed = json.loads(body)["items"]
-        except (ValueError, KeyError, TypeError):
-            failed.append(member)
-            continue
-        items += [i for i in listed if isinstance(i, dict)]
-    failed += list(answers.status)
-    return items, failed
+    others, failed = fanout.listed(
+        state, await fanout.ask_others(state, path, limit=MAX_LISTING), path
+    )
+    return items + others, failed
 
 
 def _answer(

@@ -15,6 +15,13 @@ does:
 - while a request is being handled (which includes a whole streaming
   session) no timer runs: sessions have their own pings.
 
+The timers are stopped and restarted by the guard's middlewares around each
+request, so a port served behind a guard must run them, or every upgraded
+connection on it is reaped by the header timer. That holds by construction:
+`Guard.application` is the one way to build an application with the
+guard's middlewares, and `GuardedSite` serves only an application built so,
+taking its guard from it (`GUARD`).
+
 A connection is "unauthenticated" from its handshake until a request on it
 passes authentication as someone other than `system:anonymous`. At most
 `max_unauthenticated` of them are kept: when another arrives, the oldest is
@@ -40,7 +47,14 @@ from aiohttp.typedefs import Middleware
 
 from subres.serving.flags import duration
 
-__all__ = ["Guard", "GuardedSite", "Limits", "add_arguments", "raise_open_files_limit"]
+__all__ = [
+    "GUARD",
+    "Guard",
+    "GuardedSite",
+    "Limits",
+    "add_arguments",
+    "raise_open_files_limit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +189,28 @@ class Guard:
             timer.cancel()
             self._tell("handshakes", len(self._handshaking))
 
-    def around(
-        self, middlewares: list[Middleware], *, authenticated: Callable[[web.Request], bool]
+    def application(
+        self,
+        middlewares: list[Middleware],
+        *,
+        authenticated: Callable[[web.Request], bool],
+        **settings: Any,
+    ) -> web.Application:
+        """An application whose connections this guard times, for `GuardedSite`.
+
+        `middlewares` (which authenticate) run between the guard's two: the
+        outermost stops the connection's timer while a request is handled
+        (an upgraded session included); the innermost, which only requests
+        that passed authentication reach, marks the connection authenticated
+        when `authenticated(request)` says so. `settings` are aiohttp's.
+        """
+        app = web.Application(middlewares=self._around(middlewares, authenticated), **settings)
+        app[GUARD] = self
+        return app
+
+    def _around(
+        self, middlewares: list[Middleware], authenticated: Callable[[web.Request], bool]
     ) -> list[Middleware]:
-        """`middlewares` (which authenticate) between the guard's two: the outermost
-        stops the header timer for the request; the innermost, which only
-        requests that passed authentication reach, marks the connection
-        authenticated when `authenticated(request)` says so."""
 
         @web.middleware
         async def mark(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -221,6 +250,10 @@ class Guard:
         if self._open.pop(transport, None) is not None:
             self._tell("connections", len(self._open))
         self._unauthenticated.pop(guarded, None)
+
+
+GUARD = web.AppKey("guard", Guard)
+"""The guard an application was built by (`Guard.application`)."""
 
 
 class _Guarded(asyncio.Protocol):
@@ -305,18 +338,25 @@ class _Guarded(asyncio.Protocol):
 
 
 class GuardedSite(web.BaseSite):
-    """aiohttp's TCP site with the guard around every connection and a TLS handshake timeout."""
+    """aiohttp's TCP site with the guard around every connection and a TLS handshake timeout.
+
+    The guard is the one `runner`'s application was built by
+    (`Guard.application`): a port cannot be guarded without the middlewares
+    that stop its timers (`TypeError` otherwise).
+    """
 
     def __init__(
         self,
-        runner: web.BaseRunner,
-        guard: Guard,
+        runner: web.AppRunner,
         *,
         host: str,
         port: int,
         ssl_context: Any,
         backlog: int,
     ) -> None:
+        guard = runner.app.get(GUARD)
+        if guard is None:
+            raise TypeError("a guarded site serves only an application built by its guard")
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._guard = guard
         self._host = host

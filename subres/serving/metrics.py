@@ -141,6 +141,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.peer_answers_failed = Counter(
+            "subres_peer_answers_failed",
+            "Answers of other replicas to a fan-out (sessions list, recordings) left out, by "
+            "why (unreachable; cut: shorter than announced or past the bound; unparsable).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.events_failed = Counter(
             "subres_events_failed",
             "Kubernetes Events about sessions the apiserver refused or did not answer.",

@@ -10,10 +10,13 @@ the units of the replica that came or went.
 
 - Each replica holds one `coordination.k8s.io/v1` Lease in subres's
   namespace, `subres-replica-<pod>`, renewed every `renew` seconds, and
-  deletes it when it drains.
+  deletes it when its drain's shutdown delay is over.
 - A replica is a member while its Lease is fresh *and* names, as holder, a
   Pod that subres knows: in its namespace, selected as a replica, Ready, with
-  an address, not being deleted. The Pod gives the peer address. (A replica
+  an address, not being deleted. A member whose Pod is being deleted stays
+  one, Ready or not, until its Lease goes: it is draining (not ready on
+  purpose, serving until endpoints dropped it), and its units move when it
+  says so, not when the deletion is seen. The Pod gives the peer address. (A replica
   that runs outside any Pod, beside a cluster, counts itself alone.) A Lease's
   duration counts only up to `duration` (a forged Lease cannot hold longer),
   and freshness is judged on the local clock from when this replica first
@@ -40,7 +43,7 @@ import datetime
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +111,24 @@ class Owners:
     def on_change(self, listener: Callable[[tuple[str, ...]], None]) -> None:
         """Call `listener(previous members)` after every change of members."""
         self._listeners.append(listener)
+
+    @contextlib.contextmanager
+    def leaving(self, member: str, then: Callable[[], object]) -> Iterator[None]:
+        """Within the block, call `then()` once as soon as `member` is no longer a member
+        (at once if it is not one)."""
+
+        def changed(_: tuple[str, ...]) -> None:
+            if member not in self.members and changed in self._listeners:
+                self._listeners.remove(changed)
+                then()
+
+        self._listeners.append(changed)
+        try:
+            changed(self.members)
+            yield
+        finally:
+            if changed in self._listeners:
+                self._listeners.remove(changed)
 
     def settle(self) -> None:
         """This replica has been a member long enough to keep consoles: tell the listeners."""
@@ -246,9 +267,9 @@ class Membership:
             for obj in listed.values():
                 self._lease(obj)
         else:
-            self._pods = {}
+            previous, self._pods = self._pods, {}
             for obj in objects:
-                self._pod(obj)
+                self._pod(obj, previous)
         self._listed[which] = True
         self._recompute()
 
@@ -262,7 +283,7 @@ class Membership:
         elif deleted:
             self._pods.pop(_name(obj), None)
         else:
-            self._pod(obj)
+            self._pod(obj, self._pods)
         self._recompute(deleted=_name(obj) if deleted and which == 0 else "")
 
     def _lease(self, obj: Mapping[str, Any]) -> None:
@@ -271,8 +292,13 @@ class Membership:
         if seen is None or seen.version != version:
             self._leases[name] = _Seen(obj, version, self.clock())
 
-    def _pod(self, obj: Mapping[str, Any]) -> None:
-        self._pods[_name(obj)] = _address(obj, self.settings.peer_port)
+    def _pod(self, obj: Mapping[str, Any], previous: Mapping[str, tuple[str, int] | None]) -> None:
+        name = _name(obj)
+        address = _address(obj, self.settings.peer_port)
+        if address is None and (obj.get("metadata") or {}).get("deletionTimestamp"):
+            # Draining: it serves where it did until its Lease goes (or expires).
+            address = previous.get(name)
+        self._pods[name] = address
 
     # --- the view --------------------------------------------------------------------------
 

@@ -18,7 +18,10 @@ and relays (`serve`). The request carries, as headers:
 
 A refusal is the owner's `Status`, which the front answers its client before
 its own upgrade; 421 means "not the owner" (the views of the members
-differ for a moment), on which the front looks again and retries once. After
+differ for a moment), on which the front looks again and retries once. A
+dial is abandoned the moment its owner leaves the members (a frozen owner
+accepts connections and answers nothing: waiting out the connect timeout
+would delay the takeover past it), and the front asks the new owner. After
 101 the owner relays frames (`protocol.relay`, CLOSE when it ends the session:
 a takeover is 4001 with its reason; EXIT before its EOF when its backend ran a
 command whose exit status it knows). The front writes the audit lines,
@@ -189,12 +192,34 @@ async def front(
         if address is None:
             raise StatusError(503, f"the replica {owner} owning the {unit} has no address")
         try:
-            return await state.peers.open(owner, address, headers(ask))
+            stream = await _dial(state, owner, address, ask)
         except PeerRefused as exc:
             if exc.code != NOT_OWNER:
                 raise StatusError(exc.code, str(exc)) from None
+        else:
+            if stream is not None:
+                return stream
+            log.info(
+                "the replica %s left while dialed for the %s: asking its successor", owner, unit
+            )
         await asyncio.sleep(0)  # let the watch catch up
     raise StatusError(503, f"the replicas do not agree yet on who serves the {unit}; try again")
+
+
+async def _dial(
+    state: Runtime, owner: str, address: tuple[str, int], ask: Ask
+) -> PeerStream | None:
+    """The peer session `owner` answers; None when `owner` left the members while it was
+    dialed: a frozen or lost owner's dial is abandoned then, not at the connect timeout."""
+    dialing = asyncio.ensure_future(state.peers.open(owner, address, headers(ask)))
+    with state.owners.leaving(owner, dialing.cancel):
+        try:
+            return await dialing
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the front's own request is cancelled (its client left)
+            return None
 
 
 # --- the owner -----------------------------------------------------------------------------

@@ -92,6 +92,8 @@ class LogStreams:
 
     cluster: Cluster
     lines: list[str] = field(default_factory=list)
+    started_on: dict[str, str] = field(default_factory=dict)
+    """The replica pod whose log said each session started (its front), by session id."""
     followed: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     readers: list[asyncio.Task[None]] = field(default_factory=list)
     closing: bool = False
@@ -122,6 +124,7 @@ class LogStreams:
                 if line not in seen:
                     seen.add(line)
                     self.lines.append(line)
+                    self._note_start(name, line)
             await proc.wait()
             try:
                 if self.closing or not await poll(lambda: self._readable(name), timeout_s=60):
@@ -142,6 +145,15 @@ class LogStreams:
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
         return True
+
+    def _note_start(self, pod: str, line: str) -> None:
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and (record.get("audit"), record.get("stage")) == (
+                "session",
+                "start",
+            ):
+                self.started_on[str(record.get("session"))] = pod
 
     def audit(self) -> list[dict[str, Any]]:
         found = []
@@ -357,6 +369,8 @@ class Outcome:
 
     seen: Seen
     without_an_end: list[str]
+    fronts: dict[str, str] = field(default_factory=dict)
+    """Each session's front (the replica pod that logged its start), by session id."""
 
     def reconnected(self) -> bool:
         """Did the writer's CLI reconnect by itself (no run of it ended)?"""
@@ -376,7 +390,7 @@ async def observe(
     """Users attached, `change` made under them, the users gone: the outcome, printed."""
     async with live_users(cluster, home) as users:
         seen = await through(users, what, change, settle_s=settle_s)
-    outcome = Outcome(seen, users.logs.sessions_without_an_end())
+    outcome = Outcome(seen, users.logs.sessions_without_an_end(), dict(users.logs.started_on))
     for line in [*seen.report(), f"  sessions without an audit end line: {outcome.without_an_end}"]:
         print(line)
     return outcome

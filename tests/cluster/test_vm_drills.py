@@ -7,12 +7,12 @@ replica pod holding the console is force-deleted; the agent pod of the VM's
 node is killed; kube-apiserver restarts; the network between the replica
 holding the console and node-a's agent is cut (nftables rules in the nodes'
 own namespaces) until the writer is told, then mended. Each expectation is
-one test, the bound issue 18's: a failover within 10 s, nothing lost (the
-VM's shell as it was, every session's audit end line). The cut is not a
-failover: the replica that owns the console is alive and keeps it, so its
-users are told within 10 s (its relay's heartbeats stop) and served again
-within 10 s of the mend, without restarting anything. What misses its
-bound today is marked, with why.
+one test, the bound issue 18's, asserted: a failover within 10 s, nothing
+lost (the VM's shell as it was, every session's audit end line). The cut is
+not a failover: the replica that owns the console is alive and keeps it, so
+its users are told within 10 s (its relay's heartbeats stop) and served
+again within 10 s of the mend, without restarting anything. What misses its
+bound today is marked, strictly, with why.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ from tests.e2e.controlplane import poll, run_sync
 
 pytestmark = pytest.mark.timeout(900)
 
-RECOVER_S = 60.0
-"""Bound on users being served again by themselves. The goal is 10 s (issue 18): each
-drill prints its figures against it and docs/operating.md has them; it is not asserted,
-since a loaded machine's timing (CI once measured 10.3 s) is not the product's."""
+FAILOVER_S = 10.0
+"""Issue 18's goal, asserted: users served again by themselves within it (each drill prints
+its figures; docs/operating.md has them)."""
+WAIT_S = 60.0
+"""How long a drill waits for what it measures, so that a miss is a figure, not a hang."""
 DRILL_TABLE = "subres-drill"
 
 
@@ -70,10 +71,18 @@ def drill(
 # -- the replica holding the console, force-deleted ------------------------------------
 
 
+@dataclass(frozen=True)
+class Deleted:
+    """The force-deletion as its users lived it, and which replica pod it killed."""
+
+    outcome: live.Outcome
+    replica: str
+
+
 @pytest.fixture(scope="module")
 def replica_deleted(
     cluster: Cluster, running_vm: vm.Vm, tmp_path_factory: pytest.TempPathFactory
-) -> live.Outcome:
+) -> Deleted:
     holder: dict[str, str] = {}
 
     async def force_delete(_: live.Live) -> None:
@@ -88,28 +97,36 @@ def replica_deleted(
     home = tmp_path_factory.mktemp("replica")
     outcome = drill(cluster, home, "force-deleting the replica holding the console", force_delete)
     run_sync(install.wait_pods(cluster, install.NAMESPACE, install.REPLICAS, count=2))
-    return outcome
+    return Deleted(outcome, holder["name"])
 
 
-def test_a_deleted_replicas_users_reconnect_by_themselves(replica_deleted: live.Outcome) -> None:
-    assert replica_deleted.reconnected(), replica_deleted.seen.report()
-    assert replica_deleted.seen.shell_kept_state
+def test_a_deleted_replicas_users_reconnect_by_themselves(replica_deleted: Deleted) -> None:
+    outcome = replica_deleted.outcome
+    assert outcome.reconnected(), outcome.seen.report()
+    assert outcome.seen.shell_kept_state
 
 
-def test_a_deleted_replicas_console_fails_over_by_itself(replica_deleted: live.Outcome) -> None:
-    assert replica_deleted.seen.writer_wait.seconds <= RECOVER_S
-    assert replica_deleted.seen.forward_wait.seconds <= RECOVER_S
+def test_a_deleted_replicas_console_fails_over_by_itself(replica_deleted: Deleted) -> None:
+    seen = replica_deleted.outcome.seen
+    assert seen.writer_wait.seconds <= FAILOVER_S, seen.report()
+    assert seen.forward_wait.seconds <= FAILOVER_S, seen.report()
 
 
 @pytest.mark.xfail(
-    reason="a killed replica writes no end line for the sessions it fronted (those it only "
-    "owned are ended by their fronts): passes when kube-apiserver sent the users elsewhere",
-    strict=False,
+    reason="a force-deleted replica is SIGKILLed: it writes no audit end line for the "
+    "sessions it fronted, and no other replica writes one for it (the owner's side of a "
+    "relayed session ends, but the audit is the front's)",
+    strict=True,
 )
 def test_a_deleted_replicas_sessions_keep_their_audit_end_lines(
-    replica_deleted: live.Outcome,
+    replica_deleted: Deleted,
 ) -> None:
-    assert replica_deleted.without_an_end == []
+    outcome = replica_deleted.outcome
+    fronted = [s for s, front in outcome.fronts.items() if front == replica_deleted.replica]
+    if not fronted:
+        # Nothing to lose: kube-apiserver sent every user to the replica that stayed.
+        pytest.skip(f"no session was fronted by {replica_deleted.replica}")
+    assert outcome.without_an_end == []
 
 
 # -- the agent of the VM's node, killed ------------------------------------------------
@@ -143,7 +160,7 @@ def test_a_killed_agents_users_are_told_and_a_new_run_answers_by_itself(
     # The CLI's last words may be the echo of what was typed as it ended: all it said counts.
     told = [*seen.exits, *seen.writer_said]
     assert any('subres agent of node "node-a"' in line for line in told), told
-    assert seen.writer_wait.seconds <= RECOVER_S
+    assert seen.writer_wait.seconds <= FAILOVER_S
     assert seen.shell_kept_state
     assert agent_killed.without_an_end == []
 
@@ -177,7 +194,7 @@ def test_after_a_kube_apiserver_restart_the_clis_reconnect_by_themselves(
     # Restarted, kube-apiserver serves before its RBAC is loaded and denies everyone
     # for a moment: the CLI waits that out (it asks /readyz) instead of giving up.
     assert apiserver_restarted.reconnected(), apiserver_restarted.seen.exits
-    assert apiserver_restarted.seen.writer_wait.seconds <= RECOVER_S
+    assert apiserver_restarted.seen.writer_wait.seconds <= FAILOVER_S
 
 
 def test_a_kube_apiserver_restart_keeps_every_audit_end_line(
@@ -228,7 +245,7 @@ def replica_cut_off(
             async def told() -> bool:
                 return bool(users.writer.cli.said(start, ("stopped answering",)))
 
-            if await poll(told, timeout_s=RECOVER_S):
+            if await poll(told, timeout_s=WAIT_S):
                 seen["told"] = time.monotonic() - start
         finally:
             for node in cluster.nodes:
@@ -277,7 +294,7 @@ async def _console_answers(cluster: Cluster, home: Path, *, within_s: float) -> 
 def test_a_replica_cut_off_the_agent_is_told_to_the_writer(replica_cut_off: Cut) -> None:
     # Nothing ends a cut relay but its heartbeats: 4 missed (8 s) and the owner lets go.
     assert replica_cut_off.told_s is not None, replica_cut_off.outcome.seen.report()
-    assert replica_cut_off.told_s <= RECOVER_S
+    assert replica_cut_off.told_s <= FAILOVER_S
     said = replica_cut_off.outcome.seen.writer_said
     assert any('subres agent of node "node-a"' in line for line in said), said
 
@@ -288,10 +305,10 @@ def test_once_mended_the_console_answers_by_itself_and_the_vm_kept_its_shell(
     # The agent dropped its side of the cut relay too, and so freed the serial port.
     assert not replica_cut_off.agent_restarted
     assert replica_cut_off.answered_s is not None
-    assert replica_cut_off.answered_s <= RECOVER_S
+    assert replica_cut_off.answered_s <= FAILOVER_S
     assert replica_cut_off.outcome.seen.shell_kept_state
 
 
 def test_a_replica_cut_off_the_agent_keeps_the_port_forward(replica_cut_off: Cut) -> None:
     # The port-forward dials the VM pod's address directly, not through the agent.
-    assert replica_cut_off.outcome.seen.forward_wait.seconds <= RECOVER_S
+    assert replica_cut_off.outcome.seen.forward_wait.seconds <= FAILOVER_S

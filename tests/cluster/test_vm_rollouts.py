@@ -8,8 +8,7 @@ then the agent DaemonSet restarts; each is one module fixture, each of the
 issue's expectations one test: the CLIs reconnect by themselves, the kept
 console goes on from a new pod, the recording marks the gap, every session has
 its audit end line, nothing is lost in the VM, and a failover takes at most
-10 s (issue 18's bound; the figures are printed, and what misses it is
-marked with the reason).
+10 s (issue 18's bound, asserted; the figures are printed).
 """
 
 from __future__ import annotations
@@ -29,10 +28,9 @@ from tests.e2e.controlplane import run_sync
 
 pytestmark = pytest.mark.timeout(900)
 
-RECOVER_S = 60.0
-"""Bound on users being served again by themselves. The goal is 10 s (issue 18): each
-drill prints its figures against it and docs/operating.md has them; it is not asserted,
-since a loaded machine's timing (CI once measured 10.3 s) is not the product's."""
+FAILOVER_S = 10.0
+"""Issue 18's goal, asserted: users served again by themselves within it (each drill prints
+its figures; docs/operating.md has them)."""
 KEEP = "subres.dev/keep-console"
 RECORD = "subres.dev/record-console"
 
@@ -162,11 +160,11 @@ def test_every_session_of_the_upgrade_has_its_audit_end_line(upgraded: Upgrade) 
 
 
 def test_the_port_forward_fails_over_by_itself(upgraded: Upgrade) -> None:
-    assert upgraded.outcome.seen.forward_wait.seconds <= RECOVER_S
+    assert upgraded.outcome.seen.forward_wait.seconds <= FAILOVER_S
 
 
 def test_the_console_fails_over_by_itself(upgraded: Upgrade) -> None:
-    assert upgraded.outcome.seen.writer_wait.seconds <= RECOVER_S
+    assert upgraded.outcome.seen.writer_wait.seconds <= FAILOVER_S
 
 
 @pytest.fixture(scope="module")
@@ -202,4 +200,4 @@ def test_rolling_the_agents_is_a_failover_the_writer_is_told_of(
     assert agents_rolled.reconnected(), seen.report()
     said = seen.writer_said
     assert any('subres agent of node "node-a"' in line for line in said), said
-    assert seen.writer_wait.seconds <= RECOVER_S
+    assert seen.writer_wait.seconds <= FAILOVER_S

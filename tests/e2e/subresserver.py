@@ -369,6 +369,8 @@ def _serve_args(certs_dir: Path, cert_dir: Path, kubeconfig: Path, port: int) ->
         f"--agent-client-key-file={certs_dir / 'replica.key'}",
         # Where the CA bundles read from the authentication ConfigMap are written.
         f"--cert-dir={cert_dir}",
+        # No endpoints to wait for here (tests/server/test_drain_replicas.py has the delay).
+        "--shutdown-delay=0s",
         "--shutdown-grace=2",
     ]
 

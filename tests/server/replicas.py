@@ -112,6 +112,8 @@ async def _start(
 ) -> Server:
     port = _free_port()
     await fake.put_pod(pod(name, port))
+    # Shorter than shipped, so that membership changes are quick; `changes` may say otherwise.
+    membership = {"member_duration": 3.0, "member_renew": 1.0}
     base = options(
         tmp,
         fake,
@@ -120,10 +122,8 @@ async def _start(
         agent_ca_file=tmp / "replica-ca.crt",
         agent_client_cert_file=tmp / "replica.crt",
         agent_client_key_file=tmp / "replica.key",
-        member_duration=3.0,
-        member_renew=1.0,
         session_audit_log=str(tmp / f"audit-{name}.jsonl"),
-        **changes,
+        **(membership | changes),
     )
     if config is not None:
         path = tmp / f"config-{name}.yaml"

@@ -384,3 +384,54 @@ def test_moderating_is_a_role_of_its_own() -> None:
     granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
     assert {("machines/console-moderate", "delete"), ("machines/vnc-moderate", "get")} <= granted
     assert not any(r in ("machines/console", "machines/vnc") for r, _ in granted)
+
+
+def test_the_streams_have_a_priority_level_of_their_own() -> None:
+    """Every streaming subresource kube-apiserver proxies is in the install's FlowSchema, whose
+    level neither lends nor borrows (tests/e2e/test_flowcontrol.py applies both)."""
+    docs = documents()
+    level = docs[("PriorityLevelConfiguration", "subres-streams")]["spec"]
+    assert level["type"] == "Limited"
+    limited = level["limited"]
+    assert (limited["lendablePercent"], limited["borrowingLimitPercent"]) == (0, 0)
+    schema = docs[("FlowSchema", "subres-streams")]["spec"]
+    assert schema["priorityLevelConfiguration"]["name"] == "subres-streams"
+    assert schema["matchingPrecedence"] < 9000  # before service-accounts and global-default
+    [rule] = schema["rules"]
+    assert rule["subjects"] == [{"kind": "Group", "group": {"name": "system:authenticated"}}]
+    [resources] = rule["resourceRules"]
+    machines = configfile.Config().parent("machines")
+    assert machines is not None
+    streams = {*machines.subresources, "log"} - {"screenshot"}
+    streams |= {f"{sub}-{how}" for sub in ("console", "vnc") for how in ("observe", "moderate")}
+    assert set(resources["resources"]) == {f"machines/{sub}" for sub in streams}
+    assert (set(resources["verbs"]), resources["apiGroups"]) == (
+        {"get", "create"},
+        ["subresources.subres.dev"],
+    )
+
+
+def test_every_shipped_overlay_builds_and_carries_the_streams_flowschema(
+    tmp_path: Path, kubectl_bin: Path
+) -> None:
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    shutil.copytree(DEPLOY.parent / "examples", tmp_path / "examples")
+    assert main(["certs", "--out", str(tmp_path / "deploy" / "certs")]) == 0
+    kubevirt = tmp_path / "examples" / "kubevirt"
+    apiservice = "v1.subresources.kubevirt.io"
+    assert main(["certs", "--apiservice", apiservice, "--out", str(kubevirt / "certs")]) == 0
+    for overlay, group in (
+        (tmp_path / "deploy" / "self-signed", "subresources.subres.dev"),
+        (tmp_path / "deploy" / "cert-manager", "subresources.subres.dev"),
+        (kubevirt, "subresources.kubevirt.io"),
+    ):
+        built = subprocess.run(
+            [str(kubectl_bin), "kustomize", str(overlay)],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built)}
+        assert ("PriorityLevelConfiguration", "subres-streams") in docs, overlay
+        [rule] = docs[("FlowSchema", "subres-streams")]["spec"]["rules"]
+        assert rule["resourceRules"][0]["apiGroups"] == [group], overlay

@@ -23,7 +23,7 @@ def options(*argv: str) -> Options:
 
 def test_drain_and_lease_defaults() -> None:
     parsed = options()
-    assert (parsed.shutdown_delay, parsed.shutdown_grace) == (0.0, 5.0)
+    assert (parsed.shutdown_delay, parsed.shutdown_grace) == (5.0, 5.0)
     assert (parsed.member_duration, parsed.member_renew, parsed.peer_port) == (6.0, 2.0, 8445)
     assert parsed.replica_name == ""
     assert parsed.validate() == []

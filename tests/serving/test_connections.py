@@ -16,11 +16,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from websockets.asyncio.client import connect
 
 from subres.server.options import Options, add_arguments
-from subres.serving.connections import Limits
+from subres.serving.connections import Guard, GuardedSite, Limits
 from tests import stuck_clients as stuck
 from tests.support import Backend, Standalone, machine, open_fds, start_standalone, wait_for
 
@@ -197,3 +198,23 @@ async def test_vanished_clients_leave_no_connection_objects_behind(
             )
 
         await wait_for(lambda: alive() == 0)
+
+
+async def test_a_port_cannot_be_guarded_without_the_guards_timers() -> None:
+    """Only an application built by a guard, with the middlewares that stop its timers for
+    every request (an upgraded session's whole life included), can be served behind it."""
+    bare = web.AppRunner(web.Application())
+    await bare.setup()
+    try:
+        with pytest.raises(TypeError, match="built by its guard"):
+            GuardedSite(bare, host="127.0.0.1", port=0, ssl_context=None, backlog=8)
+    finally:
+        await bare.cleanup()
+    guard = Guard(SHORT)
+    built = web.AppRunner(guard.application([], authenticated=lambda _: True))
+    await built.setup()
+    try:
+        site = GuardedSite(built, host="127.0.0.1", port=0, ssl_context=None, backlog=8)
+        assert site._guard is guard
+    finally:
+        await built.cleanup()

@@ -114,6 +114,31 @@ async def test_a_forged_lease_counts_no_longer_than_the_member_duration() -> Non
     assert view.owners.lost == {"b"}  # it did not leave: its Lease is still there
 
 
+async def test_a_draining_member_stays_one_until_its_lease_goes() -> None:
+    """Its Pod being deleted and then not Ready is the drain: its units move when it deletes
+    its Lease, after its shutdown delay, not when the deletion is seen."""
+    clock = Clock()
+    view = membership(clock)
+    view.listed(1, [pod("a", 9000), pod("b", 9001)])
+    view.listed(0, [lease("a"), lease("b")])
+    deleting = pod("b", 9001)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-06T05:00:00Z"
+    view.changed(1, deleting, deleted=False)
+    deleting["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    view.changed(1, deleting, deleted=False)
+    view.listed(1, [pod("a", 9000), deleting])  # a relist in the meantime
+    assert members(view) == ("a", "b")
+    assert view.owners.addresses["b"] == ("127.0.0.1", 9001)
+    view.changed(0, lease("b"), deleted=True)
+    assert members(view) == ("a",)
+    assert view.owners.lost == frozenset()
+    # A Pod first seen being deleted never was a member here: it does not become one.
+    late = membership(clock)
+    late.listed(1, [pod("a", 9000), deleting])
+    late.listed(0, [lease("a"), lease("b")])
+    assert members(late) == ("a",)
+
+
 async def test_a_deleted_lease_left_and_a_replica_outside_any_pod_counts_itself() -> None:
     clock = Clock()
     view = membership(clock, me="laptop")
@@ -171,3 +196,19 @@ async def test_after_an_outage_a_live_peer_renewing_a_moment_later_never_drops_o
     view.changed(0, lease("b", version="2"), deleted=False)  # ...b a moment later
     assert members(view) == ("a", "b")
     assert moves == []
+
+
+def test_leaving_is_told_once_when_the_member_goes_and_never_after_the_block() -> None:
+    owners = Owners("a", ("a", "b"))
+    told: list[str] = []
+    with owners.leaving("b", lambda: told.append("b")):
+        owners.update(["a", "b"], {})
+        assert told == []
+        owners.update(["a"], {})
+        owners.update(["a", "c"], {})
+    with owners.leaving("c", lambda: told.append("c")):
+        pass
+    owners.update(["a"], {})
+    with owners.leaving("gone", lambda: told.append("gone")):
+        pass
+    assert told == ["b", "gone"]
