@@ -386,16 +386,13 @@ def test_moderating_is_a_role_of_its_own() -> None:
     assert not any(r in ("machines/console", "machines/vnc") for r, _ in granted)
 
 
-def test_the_streams_have_a_priority_level_of_their_own() -> None:
-    """Every streaming subresource kube-apiserver proxies is in the install's FlowSchema, whose
-    level neither lends nor borrows (tests/e2e/test_flowcontrol.py applies both)."""
+def test_the_streams_hold_no_seat_of_any_priority_level() -> None:
+    """Every streaming subresource kube-apiserver proxies is in the install's FlowSchema, which
+    sends it to the built-in `exempt` level (tests/e2e/test_flowcontrol.py applies it)."""
     docs = documents()
-    level = docs[("PriorityLevelConfiguration", "subres-streams")]["spec"]
-    assert level["type"] == "Limited"
-    limited = level["limited"]
-    assert (limited["lendablePercent"], limited["borrowingLimitPercent"]) == (0, 0)
+    assert not any(kind == "PriorityLevelConfiguration" for kind, _ in docs)
     schema = docs[("FlowSchema", "subres-streams")]["spec"]
-    assert schema["priorityLevelConfiguration"]["name"] == "subres-streams"
+    assert schema["priorityLevelConfiguration"]["name"] == "exempt"
     assert schema["matchingPrecedence"] < 9000  # before service-accounts and global-default
     [rule] = schema["rules"]
     assert rule["subjects"] == [{"kind": "Group", "group": {"name": "system:authenticated"}}]
@@ -432,6 +429,5 @@ def test_every_shipped_overlay_builds_and_carries_the_streams_flowschema(
             timeout=60,
         ).stdout
         docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built)}
-        assert ("PriorityLevelConfiguration", "subres-streams") in docs, overlay
         [rule] = docs[("FlowSchema", "subres-streams")]["spec"]["rules"]
         assert rule["resourceRules"][0]["apiGroups"] == [group], overlay
