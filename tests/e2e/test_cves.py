@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from tests.e2e import subresserver
-from tests.e2e.controlplane import ControlPlane, run_sync
+from tests.e2e.controlplane import ControlPlane, poll, run_sync
 from tests.e2e.subresserver import GROUP, SERVER_NAME, VERSION, Subres
 from tests.e2e.test_subres import (
     USERS_GROUP,
@@ -102,20 +102,30 @@ async def test_a_refused_upgrade_straight_to_subres_closes_the_proxys_connection
 async def test_an_old_openapi_hash_through_kube_apiserver_is_no_refused_redirect(
     control_plane: ControlPlane, server: Subres
 ) -> None:
-    path = f"/openapi/v3/apis/{GROUP}/{VERSION}?hash=0123456789"
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(
-            control_plane.url + path,
-            headers={"Authorization": f"Bearer {control_plane.users['alice'].token}"},
-            ssl=ssl.create_default_context(cafile=str(control_plane.server_ca)),
-            allow_redirects=False,
-        ) as response,
-    ):
-        body = await response.read()
+    path = f"/openapi/v3/apis/{GROUP}/{VERSION}"
+    headers = {"Authorization": f"Bearer {control_plane.users['alice'].token}"}
+    context = ssl.create_default_context(cafile=str(control_plane.server_ca))
+    async with aiohttp.ClientSession() as http:
+
+        async def get(query: str) -> tuple[int, bytes]:
+            async with http.get(
+                control_plane.url + path + query,
+                headers=headers,
+                ssl=context,
+                allow_redirects=False,
+            ) as response:
+                return response.status, await response.read()
+
+        async def aggregated() -> bool:
+            return (await get(""))[0] == 200
+
+        # kube-apiserver fetches an APIService's OpenAPI v3 in the background, a moment
+        # after the service is Available: until then the group's path is a 404 of its own.
+        assert await poll(aggregated, timeout_s=60.0), control_plane.logs()
+        status, body = await get("?hash=0123456789")
     # Before, subres's 301 came back from kube-apiserver as a 502 ("the backend attempted
     # to redirect this request, which is not permitted").
-    assert response.status == 200, body[:300]
+    assert status == 200, body[:300]
     assert b'"openapi"' in body
 
 
