@@ -13,12 +13,14 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from subres.backends import addresses
 from subres.config import EndpointPolicySpec
 
 __all__ = [
+    "IPMI_OPTIONS",
+    "IPMI_PORT",
     "SSH_PORT",
     "Endpoint",
     "EndpointError",
@@ -57,6 +59,9 @@ class EndpointUnresolved(EndpointError):
 
 
 SSH_PORT = 22
+IPMI_PORT = 623
+IPMI_OPTIONS = ("privilege", "cipherSuite")
+"""What an `ipmi://` endpoint's query may say (each at most once)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class Endpoint:
     path: str = ""
     user: str = ""
     """ssh: the login name, when the URL gives one."""
+    options: tuple[tuple[str, str], ...] = ()
+    """ipmi: the query's `IPMI_OPTIONS`, as given."""
 
     def __str__(self) -> str:
         if self.scheme == "unix":
@@ -92,8 +99,8 @@ _UNIX = "unix://"
 
 
 def parse(url: str) -> Endpoint:
-    """An `Endpoint` from `tcp://host:port`, `tcp://[ipv6]:port`, `unix:///path` or
-    `ssh://[user@]host[:port]`.
+    """An `Endpoint` from `tcp://host:port`, `tcp://[ipv6]:port`, `unix:///path`,
+    `ssh://[user@]host[:port]` or `ipmi://host[:port][?privilege=…&cipherSuite=…]`.
 
     Strict on purpose: no user info, path, query or fragment on `tcp`, ports
     1-65535 in ASCII digits, host names of DNS labels, IPv6 only in brackets.
@@ -105,6 +112,8 @@ def parse(url: str) -> Endpoint:
         return Endpoint("unix", path=os.path.normpath(path))
     if url.startswith("ssh:"):
         return _ssh(url)
+    if url.startswith("ipmi:"):
+        return _ipmi(url)
     if not url.startswith("tcp:"):
         raise EndpointInvalid(f"unsupported endpoint scheme in {_shown(url)}")
     match = _TCP.fullmatch(url)
@@ -155,6 +164,25 @@ def _ssh(url: str) -> Endpoint:
         raise EndpointInvalid(f"ssh endpoint {_shown(url)} must be ssh://[user@]host[:port]")
     user = unquote(parts.username or "")
     return Endpoint("ssh", host=host(parts.hostname), port=port, user=user)
+
+
+def _ipmi(url: str) -> Endpoint:
+    try:
+        parts = urlsplit(url)
+        port = parts.port or IPMI_PORT
+        options = parse_qsl(parts.query, strict_parsing=True) if parts.query else []
+    except ValueError as exc:
+        raise EndpointInvalid(f"ipmi endpoint {_shown(url)} is not a URL: {exc}") from None
+    if parts.username is not None or parts.password is not None:
+        raise EndpointInvalid(f"ipmi endpoint {_shown(url)} carries a user: use the Secret")
+    if not parts.hostname or parts.path not in ("", "/") or parts.fragment:
+        raise EndpointInvalid(f"ipmi endpoint {_shown(url)} must be ipmi://host[:port][?options]")
+    names = [name for name, _ in options]
+    if any(name not in IPMI_OPTIONS for name in names) or len(set(names)) != len(names):
+        raise EndpointInvalid(
+            f"ipmi endpoint {_shown(url)} may say only {' and '.join(IPMI_OPTIONS)}, once each"
+        )
+    return Endpoint("ipmi", host=host(parts.hostname), port=port, options=tuple(options))
 
 
 async def check(endpoint: Endpoint, policy: EndpointPolicySpec) -> Target:
