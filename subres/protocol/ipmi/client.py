@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from subres.protocol.ipmi import wire
 from subres.protocol.ipmi.crypto import AES_BLOCK, CipherSuite, Keys
@@ -101,7 +101,7 @@ class Settings:
     """Who logs in, how, and how patiently."""
 
     username: bytes
-    password: bytes
+    password: bytes = field(repr=False)
     suite: CipherSuite
     privilege: Privilege = Privilege.ADMINISTRATOR
     takeover: bool = False

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -86,7 +86,7 @@ class Keys:
     """The session integrity key and what is derived from it (section 13.32)."""
 
     suite: CipherSuite
-    sik: bytes = b""
+    sik: bytes = field(default=b"", repr=False)
 
     @property
     def k1(self) -> bytes:

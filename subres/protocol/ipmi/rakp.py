@@ -12,7 +12,7 @@ BMC's RMCP+ status code, a reply that is not what the layouts allow a
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from subres.protocol.ipmi.crypto import AUTHCODE_SIZE, Auth, CipherSuite, Keys, hmac_sha1
 from subres.protocol.ipmi.errors import Fault, HandshakeError, PacketError
@@ -54,7 +54,7 @@ class Exchange:
     """One handshake's fixed parts: who, with which suite, and this side's numbers."""
 
     username: bytes
-    password: bytes
+    password: bytes = field(repr=False)
     suite: CipherSuite
     privilege: int
     console_id: int
