@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from subres.protocol.ipmi import client, crypto, rakp, sol, wire
 from subres.protocol.ipmi.errors import Fault, HandshakeError, IntegrityError, PacketError
-from subres.protocol.ipmi.events import Event, SessionFailed
+from subres.protocol.ipmi.events import DataReceived, Event, PayloadDeactivated, SessionFailed
+from tests.protocol.ipmi_bmc import ScriptedBmc, active_client
 from tests.protocol.ipmi_capture import CAPTURE, PASSWORD, USERNAME
 
 SUITE3 = crypto.SUITES[3]
@@ -283,3 +284,85 @@ def test_the_client_ignores_garbage_in_any_handshake_state(datagrams: list[bytes
         assert c.receive(data, 0.1) == []
         assert c.receive(wire.RMCP_IPMI + data, 0.1) == []
     assert c.state is client.State.CAPABILITIES
+
+
+def test_an_active_session_delivers_sol_and_acks_it() -> None:
+    c, bmc = active_client()
+    events = c.receive(bmc.sol_packet(bytes([1, 0, 0, 0]) + b"login: "), 1.0)
+    assert events == [DataReceived(b"login: ")]
+    (ack,) = c.datagrams()
+    frame = sol.Frame.decode(wire.parse(ack, bmc.keys).payload)
+    assert (frame.sequence, frame.ack, frame.accepted) == (0, 1, 7)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "another session",
+        "flipped byte",
+        "unprotected",
+        "short sol",
+        "huge sol",
+    ],
+)
+def test_an_active_session_ignores_what_it_cannot_trust(forged: str) -> None:
+    c, bmc = active_client()
+    good = bytes([1, 0, 0, 0]) + b"x"
+    datagram = {
+        "another session": lambda: bmc.sol_packet(good, session_id=bmc.console_id ^ 1),
+        "flipped byte": lambda: bmc.sol_packet(good)[:-1] + b"\x00",
+        "unprotected": lambda: wire.build(
+            wire.PayloadType.SOL, good, session_id=bmc.console_id, sequence=99
+        ),
+        "short sol": lambda: bmc.sol_packet(b"\x01\x00"),
+        "huge sol": lambda: bmc.sol_packet(bytes([1, 0, 0, 0]) + bytes(300)),
+    }[forged]()
+    assert c.receive(datagram, 1.0) == []
+    assert c.ignored == 1 and c.state is client.State.ACTIVE and c.datagrams() == []
+
+
+def test_out_of_order_acks_and_stray_responses_change_nothing() -> None:
+    c, bmc = active_client()
+    c.send(b"abc", 1.0)
+    c.datagrams()
+    assert c.receive(bmc.sol_packet(bytes([0, 9, 3, 0])), 1.1) == []  # an ACK of no packet
+    stray = bmc.response(wire.request(netfn=6, command=0x01, sequence=33), b"\x00")
+    assert c.receive(bmc.ipmi_packet(stray), 1.2) == []
+    assert c.sol is not None and c.sol.unsent == 3 and c.ignored == 1
+
+
+def test_the_bmc_deactivating_sol_ends_the_session() -> None:
+    c, bmc = active_client()
+    (event,) = c.receive(bmc.sol_packet(bytes([0, 0, 0, sol.Status.DEACTIVATING])), 1.0)
+    assert isinstance(event, PayloadDeactivated)
+    assert c.state is client.State.CLOSING
+
+
+def test_a_keepalive_finds_sol_taken_by_another_session() -> None:
+    c, bmc = active_client()
+    assert c.deadline() == pytest.approx(10.0)
+    assert c.tick(10.0) == []
+    (keepalive,) = c.datagrams()
+    request = wire.parse(keepalive, bmc.keys).payload
+    holder = (0x999).to_bytes(4, "little") + bytes(8)
+    answer = bmc.ipmi_packet(bmc.response(request, b"\x00" + holder))
+    (event,) = c.receive(answer, 10.1)
+    assert isinstance(event, PayloadDeactivated) and "another session" in event.reason
+
+
+def test_sol_busy_is_a_busy_fault_without_takeover() -> None:
+    settings = client.Settings(username=USERNAME, password=PASSWORD, suite=SUITE3)
+    c = client.Client(settings)
+    bmc = ScriptedBmc()
+    c.start(0.0)
+    events: list[SessionFailed] = []
+    while not events:
+        (datagram,) = c.datagrams()
+        packet = wire.parse(datagram, bmc.keys)
+        answer = bmc.answer(datagram)
+        activating = not packet.v15 and packet.payload_type is wire.PayloadType.IPMI
+        if activating and wire.parse_message(packet.payload).command == 0x48:
+            answer = bmc.ipmi_packet(bmc.response(packet.payload, b"\x80"))
+        events = [e for e in c.receive(answer, 0.0) if isinstance(e, SessionFailed)]
+    assert events[0].fault is Fault.BUSY
+    assert "already active on another session" in events[0].reason
