@@ -41,7 +41,12 @@ CONSOLE = {
     "require": {".status.phase": ["Running"]},
     "ipmi": IPMI,
     "consoles": {
-        "takeover": {"endpoint": ".status.console.endpoint", "ipmi": IPMI | {"takeover": True}}
+        # Never kept: kept too, it would take SOL from the default console's keeper.
+        "takeover": {
+            "endpoint": ".status.console.endpoint",
+            "ipmi": IPMI | {"takeover": True},
+            "keep": "never",
+        }
     },
 }
 
@@ -65,9 +70,12 @@ def config(tmp: Path) -> dict[str, Any]:
     }
 
 
-def machine(name: str, endpoint: str, secret_name: str = "bmc") -> dict[str, Any]:
+def machine(
+    name: str, endpoint: str, secret_name: str = "bmc", *, kept: bool = False
+) -> dict[str, Any]:
     status = {"console": {"endpoint": endpoint, "ipmiSecret": secret_name}}
-    return support.machine(name, status=status)
+    annotations = {"subres.dev/keep-console": "true"} if kept else None
+    return support.machine(name, status=status, annotations=annotations)
 
 
 @dataclass
@@ -77,7 +85,7 @@ class Setup:
 
 
 @pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
+async def setup(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Setup]:
     async with bmc(tmp_path) as sim:
         closed = f"ipmi://127.0.0.1:{support.free_port(socket.SOCK_DGRAM)}"  # nothing listens
         objects = [
@@ -94,6 +102,8 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
             machine("closed", closed),
             machine("far", "ipmi://10.1.2.3"),
         ]
+        if request.node.name.startswith("test_a_kept_console"):
+            objects.append(machine("kept", sim.url, kept=True))
         session = {"connectTimeout": 3, "pingInterval": 1}
         async with start_standalone(
             tmp_path, *objects, config=config(tmp_path), session=session
@@ -254,3 +264,45 @@ async def test_refusals_are_quick_statuses(setup: Setup, name: str, code: int, w
     assert got == code and words in message, (got, message)
     assert time.monotonic() - started < 2.5
     assert PASSWORD not in message and "not-the-password" not in message
+
+
+async def test_sol_deactivated_by_another_session_ends_ours(setup: Setup) -> None:
+    async with console(setup, "host") as conn:
+        await warm_up(conn, setup)
+        tool = await asyncio.create_subprocess_exec(
+            "ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", str(setup.bmc.port),
+            "-U", USERNAME, "-P", PASSWORD, "-C", "3", "sol", "deactivate",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        async with asyncio.timeout(STEP):
+            assert await tool.wait() == 0
+        with pytest.raises(websockets.ConnectionClosed):
+            async with asyncio.timeout(STEP):
+                while True:
+                    await conn.recv()
+        assert conn.close_code == 1011
+        assert conn.close_reason is not None and "another session" in conn.close_reason
+
+
+async def test_a_kept_console_redials_a_restarted_bmc(setup: Setup) -> None:
+    hubs = setup.subres.server.state.sessions.hubs
+
+    def kept() -> bool:
+        return any(hub.source is not None for hub in hubs.values())
+
+    await support.wait_for(kept)
+    async with console(setup, "kept") as conn:
+        await warm_up(conn, setup)
+        await setup.bmc.restart()
+        with pytest.raises(websockets.ConnectionClosed):
+            async with asyncio.timeout(STEP):
+                while True:
+                    await conn.recv()
+        assert conn.close_reason is not None and "BMC" in conn.close_reason
+    await support.wait_for(kept)  # the keeper logged in to the new BMC
+    async with console(setup, "kept") as conn:
+        await warm_up(conn, setup)
+        await setup.bmc.serial.write(b"after restart\r\n")
+        assert await received(conn, 15) == b"after restart\r\n"
