@@ -115,7 +115,7 @@ def parse(url: str) -> Endpoint:
     if url.startswith("ipmi:"):
         return _ipmi(url)
     if not url.startswith("tcp:"):
-        raise EndpointInvalid(f"unsupported endpoint scheme in {_shown(url)}")
+        raise EndpointInvalid(_unsupported(url))
     match = _TCP.fullmatch(url)
     port = int(match["port"]) if match else 0
     if match is None or not 0 < port <= 0xFFFF:
@@ -125,6 +125,20 @@ def parse(url: str) -> Endpoint:
         # RFC 6874 writes a zone id as %25zone inside the brackets.
         return Endpoint("tcp", host=ipv6(ip6.replace("%25", "%", 1)), port=port)
     return Endpoint("tcp", host=host(match["host"]), port=port)
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,40})://")
+
+
+def _unsupported(url: str) -> str:
+    """Why `url` is refused, naming its scheme (a BMC's `redfish+https`, say) when it has one."""
+    match = _SCHEME.match(url)
+    if match is None:
+        return f"unsupported endpoint scheme in {_shown(url)}: it names none (scheme://…)"
+    return (
+        f"unsupported endpoint scheme {match[1]!r} in {_shown(url)}: "
+        "subres dials tcp, unix, ssh and ipmi"
+    )
 
 
 def host(text: str) -> str:
