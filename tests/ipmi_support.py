@@ -65,6 +65,8 @@ class SerialPort:
     """The host's side of the BMC's serial port: a TCP server ipmi_sim connects to."""
 
     received: bytearray = field(default_factory=bytearray)
+    echo: bool = False
+    """Write back what arrives (the benchmark's round trips) instead of keeping it."""
     _writer: asyncio.StreamWriter | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _server: asyncio.Server | None = None
@@ -81,6 +83,9 @@ class SerialPort:
         self._changed.set()
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
+                if self.echo:
+                    writer.write(data)
+                    continue
                 self.received += data
                 self._changed.set()
 
@@ -184,11 +189,12 @@ class Bmc:
 
 
 @contextlib.asynccontextmanager
-async def bmc(tmp: Path) -> AsyncIterator[Bmc]:
-    """A running BMC whose files live in `tmp` (the caller's temporary directory)."""
+async def bmc(tmp: Path, *, echo: bool = False) -> AsyncIterator[Bmc]:
+    """A running BMC whose files live in `tmp` (the caller's temporary directory); with
+    `echo`, its host echoes what the serial port receives."""
     directory = tmp / "bmc"
     (directory / "state").mkdir(parents=True)
-    serial = SerialPort()
+    serial = SerialPort(echo=echo)
     serial_port = await serial.start()
     udp = free_port(socket.SOCK_DGRAM)
     (directory / "lan.conf").write_text(_lan_conf(udp, serial_port))
