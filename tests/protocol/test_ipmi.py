@@ -366,3 +366,20 @@ def test_sol_busy_is_a_busy_fault_without_takeover() -> None:
         events = [e for e in c.receive(answer, 0.0) if isinstance(e, SessionFailed)]
     assert events[0].fault is Fault.BUSY
     assert "already active on another session" in events[0].reason
+
+
+def test_a_replayed_packet_is_dropped() -> None:
+    c, bmc = active_client()
+    datagram = bmc.sol_packet(bytes([1, 0, 0, 0]) + b"x")
+    assert c.receive(datagram, 1.0) == [DataReceived(b"x")]
+    assert c.receive(datagram, 1.1) == []
+    assert c.ignored == 1
+
+
+def test_character_transfer_unavailable_holds_our_characters() -> None:
+    s = _sol()
+    assert s.receive(sol.Frame(flags=sol.Status.UNAVAILABLE), 0.0) == []
+    assert s.send(b"abc", 0.5) == []
+    assert s.deadline() == pytest.approx(1.0)
+    (frame,) = s.tick(1.0)
+    assert frame.data == b"abc"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,9 @@ ACTIVATE_PAYLOAD = 0x48
 DEACTIVATE_PAYLOAD = 0x49
 GET_PAYLOAD_INSTANCE_INFO = 0x4B
 SOL_INSTANCE = 1
+REPLAY_WINDOW = 16
+"""Session sequence numbers this far below the highest seen are refused as replays (the
+spec's sliding window, section 6.12.13), as are numbers seen already."""
 PAYLOAD_ACTIVE_ELSEWHERE = 0x80
 COMPLETION = {
     0x80: "SOL payload already active on another session",
@@ -161,6 +165,8 @@ class Client:
         self._session_seq = 0
         self._heard = 0.0
         self._taken_over = False
+        self._seen: deque[int] = deque(maxlen=REPLAY_WINDOW)
+        self._highest = 0
         self.sol: Sol | None = None
 
     # the caller's side ----------------------------------------------------------
@@ -256,6 +262,15 @@ class Client:
             raise PacketError(f"a packet for session {packet.session_id:#x}, not ours")
         if packet.authenticated != keys.authenticated or (keys.encrypted and not packet.encrypted):
             raise PacketError("a packet less protected than the session's cipher suite says")
+        if keys.authenticated:
+            self._not_replayed(packet.sequence)
+
+    def _not_replayed(self, sequence: int) -> None:
+        """Remember an authenticated packet's sequence number; `PacketError` for a replay."""
+        if sequence in self._seen or sequence + REPLAY_WINDOW <= self._highest:
+            raise PacketError(f"session sequence number {sequence} was seen or is too old")
+        self._seen.append(sequence)
+        self._highest = max(self._highest, sequence)
 
     def _dispatch(self, packet: wire.Packet, now: float) -> list[Event]:
         if packet.payload_type is PayloadType.SOL:

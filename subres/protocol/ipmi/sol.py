@@ -17,8 +17,10 @@ and acknowledges only what it handed on. With no room at all it NACKs the
 packet, which makes the BMC hold its data and stop reading the serial port,
 instead of resending until it gives up and drops characters. Once room is
 back it ACKs the BMC's next sequence number with a count of 0, which has the
-BMC send its held data again (what OpenIPMI's BMC does; the spec says no
-more than that a NACKed packet is to be sent again later).
+BMC send its held data again (how OpenIPMI's BMC resumes). The CTS pause bit
+is not used: the NACK already holds the BMC. The other way, a BMC that NACKs
+our packet or says "character transfer unavailable" gets nothing more for a
+retry interval.
 """
 
 from __future__ import annotations
@@ -184,6 +186,9 @@ class Sol:
     def receive(self, frame: Frame, now: float) -> list[Frame]:
         """A packet from the BMC: its ACK of ours, its characters; the frames to send."""
         self.status = Status(frame.flags & 0x7C)
+        if frame.flags & Status.UNAVAILABLE:
+            # The BMC cannot take characters now: hold ours for a retry interval.
+            self._held_until = now + self.retry_interval
         if frame.flags & Status.BREAK:
             self.breaks += 1
         if frame.flags & Status.OVERRUN:

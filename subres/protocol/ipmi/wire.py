@@ -188,17 +188,14 @@ def _parse_v20(session: bytes, keys: Keys | None) -> Packet:
     if end > len(session):
         raise PacketError("an RMCP+ payload is longer than its datagram")
     authenticated, encrypted = bool(flags & AUTHENTICATED), bool(flags & ENCRYPTED)
-    if (authenticated or encrypted) and keys is None:
+    if not (authenticated or encrypted):
+        if end != len(session):
+            raise PacketError("an unauthenticated RMCP+ packet has trailing bytes")
+        payload = session[12:end]
+    elif keys is None:
         raise PacketError("a protected packet arrived outside a session")
-    if authenticated:
-        assert keys is not None
-        _check_trailer(session, end, keys)
-    elif end != len(session):
-        raise PacketError("an unauthenticated RMCP+ packet has trailing bytes")
-    payload = session[12:end]
-    if encrypted:
-        assert keys is not None
-        payload = keys.decrypt(payload)
+    else:
+        payload = _unprotect(session, end, keys, authenticated=authenticated, encrypted=encrypted)
     return Packet(
         payload_type,
         session_id=int.from_bytes(session[2:6], "little"),
@@ -207,6 +204,18 @@ def _parse_v20(session: bytes, keys: Keys | None) -> Packet:
         authenticated=authenticated,
         encrypted=encrypted,
     )
+
+
+def _unprotect(
+    session: bytes, end: int, keys: Keys, *, authenticated: bool, encrypted: bool
+) -> bytes:
+    """The payload ending at `end`, its AuthCode checked and decrypted as the flags say."""
+    if authenticated:
+        _check_trailer(session, end, keys)
+    elif end != len(session):
+        raise PacketError("an unauthenticated RMCP+ packet has trailing bytes")
+    payload = session[12:end]
+    return keys.decrypt(payload) if encrypted else payload
 
 
 def _check_trailer(session: bytes, end: int, keys: Keys) -> None:
