@@ -220,7 +220,7 @@ class IpmiConsole(asyncio.DatagramProtocol):
 
     async def write(self, data: bytes) -> None:
         """Send characters to the serial port; wait while the BMC is behind."""
-        if self._ended.is_set():
+        if self._ended.is_set() or self._codec.state is not client.State.ACTIVE:
             raise ConnectionResetError(self.failure or "the IPMI session is closed")
         self._codec.send(data, self._loop.time())
         self._flush()
@@ -233,7 +233,7 @@ class IpmiConsole(asyncio.DatagramProtocol):
 
     def send_break(self) -> None:
         """A break on the serial line."""
-        if not self._ended.is_set():
+        if not self._ended.is_set() and self._codec.state is client.State.ACTIVE:
             self._codec.send_break(self._loop.time())
             self._flush()
 
