@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 
 from subres.protocol.ipmi import client, crypto, rakp, sol, wire
 from subres.protocol.ipmi.errors import Fault, HandshakeError, IntegrityError, PacketError
-from subres.protocol.ipmi.events import DataReceived, Event, PayloadDeactivated, SessionFailed
+from subres.protocol.ipmi.events import (
+    DataReceived,
+    Event,
+    PayloadDeactivated,
+    SessionClosed,
+    SessionFailed,
+)
 from tests.protocol.ipmi_bmc import ScriptedBmc, active_client
 from tests.protocol.ipmi_capture import CAPTURE, PASSWORD, USERNAME
 
@@ -383,3 +389,17 @@ def test_character_transfer_unavailable_holds_our_characters() -> None:
     assert s.deadline() == pytest.approx(1.0)
     (frame,) = s.tick(1.0)
     assert frame.data == b"abc"
+
+
+def test_close_deactivates_sol_then_closes_the_session() -> None:
+    c, bmc = active_client()
+    assert c.close(1.0) == []
+    commands = []
+    events: list[Event] = []
+    for _ in range(2):
+        (datagram,) = c.datagrams()
+        commands.append(wire.parse_message(wire.parse(datagram, bmc.keys).payload).command)
+        events += c.receive(bmc.answer(datagram), 1.1)
+    assert commands == [0x49, 0x3C]
+    assert events == [SessionClosed()] and c.state is client.State.CLOSED
+    assert c.close(1.2) == []

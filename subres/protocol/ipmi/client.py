@@ -237,16 +237,14 @@ class Client:
 
     def close(self, now: float) -> list[Event]:
         """End politely: deactivate SOL (if ours), then close the session."""
-        if self.state in (State.CLOSED, State.FAILED):
+        if self.state in (State.CLOSED, State.FAILED, State.DEACTIVATING, State.CLOSING):
             return []
         if self.state is State.ACTIVE:
             self.state = State.DEACTIVATING
             self._command(DEACTIVATE_PAYLOAD, _payload_instance(), now)
-            return []
-        if self._keys is not None and self.state not in (State.DEACTIVATING, State.CLOSING):
+        elif self._keys is not None:
             self._close_session(now)
-            return []
-        if self.state not in (State.DEACTIVATING, State.CLOSING):
+        else:  # no session yet: nothing to tell the BMC
             self.state = State.CLOSED
             self._request = None
             return [SessionClosed()]
