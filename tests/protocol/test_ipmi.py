@@ -403,3 +403,19 @@ def test_close_deactivates_sol_then_closes_the_session() -> None:
     assert commands == [0x49, 0x3C]
     assert events == [SessionClosed()] and c.state is client.State.CLOSED
     assert c.close(1.2) == []
+
+
+def test_packet_layout_as_the_spec_draws_it() -> None:
+    """Section 13.6: RMCP header, auth type 6, payload type with encrypted and authenticated
+    bits, session ID and sequence little-endian, the payload length, then the integrity pad
+    (0xFF) to a multiple of 4, its length, next header 0x07 and a 12-byte AuthCode."""
+    keys = crypto.Keys(crypto.SUITES[2], bytes(20))
+    datagram = wire.build(
+        wire.PayloadType.SOL, b"\x01\x00\x00\x00abc", session_id=0x11223344, sequence=5, keys=keys
+    )
+    assert datagram[:4] == bytes.fromhex("0600ff07")
+    assert datagram[4:16] == bytes.fromhex("06 41 44332211 05000000 0700")
+    trailer = datagram[23:-12]
+    assert trailer == bytes.fromhex("ff ff ff 03 07")
+    assert len(datagram[4:-12]) % 4 == 0
+    assert sol.Frame(1, 2, 3, sol.Control.BREAK, b"x").encode() == bytes.fromhex("01 02 03 10 78")
