@@ -223,6 +223,7 @@ class IpmiConsole(asyncio.DatagramProtocol):
         if self._ended.is_set() or self._codec.state is not client.State.ACTIVE:
             raise ConnectionResetError(self.failure or "the IPMI session is closed")
         self._codec.send(data, self._loop.time())
+        self._handle([])  # past the high-water mark, this write waits until the BMC catches up
         self._flush()
         await self._writable.wait()
         if self.failure:

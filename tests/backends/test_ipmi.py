@@ -121,3 +121,19 @@ async def test_a_slow_reader_loses_nothing(sim: Bmc, caplog: pytest.LogCaptureFi
     finally:
         await console.close()
     assert PASSWORD not in caplog.text
+
+
+@needs_ipmi_sim
+async def test_a_write_waits_while_the_bmc_is_behind(sim: Bmc) -> None:
+    console = await _open(sim, ipmi.Timing(connect_timeout=3, high_water=64))
+    try:
+        data = os.urandom(4096)
+        async with asyncio.timeout(STEP):
+            await console.write(data)
+        sol = console._codec.sol
+        assert sol is not None and sol.unsent <= 64
+        assert hashlib.sha256(await sim.serial.until(len(data))).digest() == (
+            hashlib.sha256(data).digest()
+        )
+    finally:
+        await console.close()
