@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import socket
 import time
@@ -226,6 +227,7 @@ async def test_sol_held_elsewhere_is_409_unless_taken_over(setup: Setup) -> None
     await support.wait_for(lambda: len(setup.subres.audit_lines()) >= 1)
     started = [line for line in setup.subres.audit_lines() if line.get("stage") == "start"]
     assert any("deactivated" in str(line.get("backend", "")) for line in started), started
+    assert PASSWORD not in json.dumps(setup.subres.audit_lines())
 
 
 async def test_a_restarted_bmc_ends_the_session_with_1011_and_a_reason(setup: Setup) -> None:
