@@ -13,12 +13,14 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from subres.backends import addresses
 from subres.config import EndpointPolicySpec
 
 __all__ = [
+    "IPMI_OPTIONS",
+    "IPMI_PORT",
     "SSH_PORT",
     "Endpoint",
     "EndpointError",
@@ -57,6 +59,9 @@ class EndpointUnresolved(EndpointError):
 
 
 SSH_PORT = 22
+IPMI_PORT = 623
+IPMI_OPTIONS = ("privilege", "cipherSuite")
+"""What an `ipmi://` endpoint's query may say (each at most once)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class Endpoint:
     path: str = ""
     user: str = ""
     """ssh: the login name, when the URL gives one."""
+    options: tuple[tuple[str, str], ...] = ()
+    """ipmi: the query's `IPMI_OPTIONS`, as given."""
 
     def __str__(self) -> str:
         if self.scheme == "unix":
@@ -92,8 +99,8 @@ _UNIX = "unix://"
 
 
 def parse(url: str) -> Endpoint:
-    """An `Endpoint` from `tcp://host:port`, `tcp://[ipv6]:port`, `unix:///path` or
-    `ssh://[user@]host[:port]`.
+    """An `Endpoint` from `tcp://host:port`, `tcp://[ipv6]:port`, `unix:///path`,
+    `ssh://[user@]host[:port]` or `ipmi://host[:port][?privilege=…&cipherSuite=…]`.
 
     Strict on purpose: no user info, path, query or fragment on `tcp`, ports
     1-65535 in ASCII digits, host names of DNS labels, IPv6 only in brackets.
@@ -105,8 +112,10 @@ def parse(url: str) -> Endpoint:
         return Endpoint("unix", path=os.path.normpath(path))
     if url.startswith("ssh:"):
         return _ssh(url)
+    if url.startswith("ipmi:"):
+        return _ipmi(url)
     if not url.startswith("tcp:"):
-        raise EndpointInvalid(f"unsupported endpoint scheme in {_shown(url)}")
+        raise EndpointInvalid(_unsupported(url))
     match = _TCP.fullmatch(url)
     port = int(match["port"]) if match else 0
     if match is None or not 0 < port <= 0xFFFF:
@@ -116,6 +125,20 @@ def parse(url: str) -> Endpoint:
         # RFC 6874 writes a zone id as %25zone inside the brackets.
         return Endpoint("tcp", host=ipv6(ip6.replace("%25", "%", 1)), port=port)
     return Endpoint("tcp", host=host(match["host"]), port=port)
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,40})://")
+
+
+def _unsupported(url: str) -> str:
+    """Why `url` is refused, naming its scheme (a BMC's `redfish+https`, say) when it has one."""
+    match = _SCHEME.match(url)
+    if match is None:
+        return f"unsupported endpoint scheme in {_shown(url)}: it names none (scheme://…)"
+    return (
+        f"unsupported endpoint scheme {match[1]!r} in {_shown(url)}: "
+        "subres dials tcp, unix, ssh and ipmi"
+    )
 
 
 def host(text: str) -> str:
@@ -155,6 +178,25 @@ def _ssh(url: str) -> Endpoint:
         raise EndpointInvalid(f"ssh endpoint {_shown(url)} must be ssh://[user@]host[:port]")
     user = unquote(parts.username or "")
     return Endpoint("ssh", host=host(parts.hostname), port=port, user=user)
+
+
+def _ipmi(url: str) -> Endpoint:
+    try:
+        parts = urlsplit(url)
+        port = parts.port or IPMI_PORT
+        options = parse_qsl(parts.query, strict_parsing=True) if parts.query else []
+    except ValueError as exc:
+        raise EndpointInvalid(f"ipmi endpoint {_shown(url)} is not a URL: {exc}") from None
+    if parts.username is not None or parts.password is not None:
+        raise EndpointInvalid(f"ipmi endpoint {_shown(url)} carries a user: use the Secret")
+    if not parts.hostname or parts.path not in ("", "/") or parts.fragment:
+        raise EndpointInvalid(f"ipmi endpoint {_shown(url)} must be ipmi://host[:port][?options]")
+    names = [name for name, _ in options]
+    if any(name not in IPMI_OPTIONS for name in names) or len(set(names)) != len(names):
+        raise EndpointInvalid(
+            f"ipmi endpoint {_shown(url)} may say only {' and '.join(IPMI_OPTIONS)}, once each"
+        )
+    return Endpoint("ipmi", host=host(parts.hostname), port=port, options=tuple(options))
 
 
 async def check(endpoint: Endpoint, policy: EndpointPolicySpec) -> Target:

@@ -32,6 +32,7 @@ from subres.config.model import (
     ConsolesSpec,
     EndpointPolicySpec,
     InstanceSpec,
+    IpmiSpec,
     ParentSpec,
     Requirement,
     Scalar,
@@ -151,6 +152,8 @@ def _backend_sources(sub: SubresourceSpec) -> list[str]:
     if sub.ssh is not None:
         ssh = sub.ssh
         sources += [ssh.credentials, ssh.host_key, ssh.command, ssh.via]
+    if sub.ipmi is not None:
+        sources.append(sub.ipmi.credentials)
     return [text for text in sources if text]
 
 
@@ -205,7 +208,7 @@ def slot_source(endpoint: str, slot: int) -> str:
 
 
 def _subresource(name: str, data: Any) -> SubresourceSpec:
-    keys = {"endpoint", "address", "ports", "require", "ssh", "nodeLocal", "keep", "record"}
+    keys = {"endpoint", "address", "ports", "require", "ssh", "ipmi", "nodeLocal", "keep", "record"}
     doc = shapes.mapping(data, name, keys | {"slots", "name", "consoles"})
     if ("name" in doc or "consoles" in doc) and name != "console":
         raise ConfigError(f"{name}: only console has a name and more consoles")
@@ -215,6 +218,8 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         raise ConfigError(
             f"{name}.record: only console and vnc have it, one of {', '.join(RECORD)}"
         )
+    if "ipmi" in doc and name != "console":
+        raise ConfigError(f"{name}.ipmi: only a console can be IPMI Serial-over-LAN")
     if "slots" in doc and name != "usbredir":
         raise ConfigError(f"{name}.slots: only usbredir has slots")
     if SLOT in str(doc.get("endpoint", "")) and name != "usbredir":
@@ -237,6 +242,7 @@ def _subresource(name: str, data: Any) -> SubresourceSpec:
         ports=ports if ports == ANY_PORT else _path(ports or None, f"{name}.ports"),
         requires=_requirements(doc.get("require", {}), f"{name}.require"),
         ssh=_ssh(name, doc["ssh"]) if "ssh" in doc else None,
+        ipmi=_ipmi(name, doc["ipmi"]) if "ipmi" in doc else None,
         node_local=node_local,
         keep=doc.get("keep", "annotated"),
         record=doc.get("record", "annotated"),
@@ -263,7 +269,7 @@ def _console(data: Any) -> SubresourceSpec:
         if label == console.label:
             raise ConfigError(f"{what}: the default console is called {label} already")
         fields_ = shapes.mapping(
-            spec, what, {"endpoint", "require", "ssh", "nodeLocal", "keep", "record"}
+            spec, what, {"endpoint", "require", "ssh", "ipmi", "nodeLocal", "keep", "record"}
         )
         # A console says what differs; the rest (state rules, nodeLocal) is the default's.
         inherited = {"require": doc.get("require", {}), "nodeLocal": doc.get("nodeLocal", False)}
@@ -293,6 +299,38 @@ def _ssh(name: str, data: Any) -> SshSpec:
         command=command,
         term=shapes.text(doc.get("term", SshSpec.term), f"{what}.term"),
         via=_source(doc.get("via"), f"{what}.via"),
+    )
+
+
+IPMI_PRIVILEGES = ("user", "operator", "administrator")
+IPMI_SUITES = (0, 1, 2, 3)
+
+
+def _ipmi(name: str, data: Any) -> IpmiSpec:
+    what = f"{name}.ipmi"
+    keys = {"credentials", "privilege", "cipherSuite", "allowCipherSuiteZero", "takeover"}
+    doc = shapes.mapping(data, what, keys)
+    if "credentials" not in doc:
+        raise ConfigError(f"{what} needs `credentials`: the field path of a Secret's name")
+    privilege = doc.get("privilege", IpmiSpec.privilege)
+    if privilege not in IPMI_PRIVILEGES:
+        raise ConfigError(f"{what}.privilege must be one of {', '.join(IPMI_PRIVILEGES)}")
+    suite = doc.get("cipherSuite", IpmiSpec.cipher_suite)
+    if isinstance(suite, bool) or suite not in IPMI_SUITES:
+        raise ConfigError(
+            f"{what}.cipherSuite must be one of 1, 2, 3 (0 with allowCipherSuiteZero)"
+        )
+    allow_zero = shapes.boolean(
+        doc.get("allowCipherSuiteZero", False), f"{what}.allowCipherSuiteZero"
+    )
+    if suite == 0 and not allow_zero:
+        raise ConfigError(f"{what}.cipherSuite 0 has no security at all: set allowCipherSuiteZero")
+    return IpmiSpec(
+        credentials=_path(doc["credentials"], f"{what}.credentials"),
+        privilege=privilege,
+        cipher_suite=suite,
+        allow_cipher_suite_zero=allow_zero,
+        takeover=shapes.boolean(doc.get("takeover", False), f"{what}.takeover"),
     )
 
 

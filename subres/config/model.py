@@ -32,6 +32,7 @@ __all__ = [
     "ConsolesSpec",
     "EndpointPolicySpec",
     "InstanceSpec",
+    "IpmiSpec",
     "ParentSpec",
     "Requirement",
     "Scalar",
@@ -133,6 +134,25 @@ class SshSpec:
 
 
 @dataclass(frozen=True)
+class IpmiSpec:
+    """How a console logs in to a BMC for IPMI Serial-over-LAN: `ipmi://` endpoints."""
+
+    credentials: str = ""
+    """Field path of the name of the Secret (in the parent's namespace) with `username` and
+    `password`."""
+    privilege: str = "administrator"
+    """Session privilege level (`user`, `operator`, `administrator`); an endpoint's
+    `?privilege=` may lower or change it."""
+    cipher_suite: int = 3
+    """RMCP+ cipher suite (1, 2 or 3); an endpoint's `?cipherSuite=` may choose another."""
+    allow_cipher_suite_zero: bool = False
+    """Whether suite 0 (no authentication, integrity or encryption at all) may be used."""
+    takeover: bool = False
+    """SOL active on another BMC session is deactivated (and the audit line says so),
+    instead of refusing the console with 409."""
+
+
+@dataclass(frozen=True)
 class SubresourceSpec:
     """How one subresource finds its backend in a parent object."""
 
@@ -150,6 +170,8 @@ class SubresourceSpec:
     """State rules checked before dialing, in order; the first that fails answers."""
     ssh: SshSpec | None = None
     """SSH login for `ssh://` endpoints (and for portforward, the jump host)."""
+    ipmi: IpmiSpec | None = None
+    """console: IPMI login for `ipmi://` endpoints (Serial-over-LAN)."""
     node_local: bool = False
     """tcp (and udp) endpoints are on the parent's node: its agent dials them (unix always is)."""
     keep: str = "annotated"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from subres import fields
-from subres.backends import direct, ssh
+from subres.backends import direct, ipmi, ssh
 from subres.backends import endpoint as endpoints
 from subres.backends.agent import AgentUnavailable
 from subres.backends.stream import BackendUnavailable
@@ -237,7 +237,8 @@ async def _vetted(state: State, target: Target, url: str) -> endpoints.Target:
 async def dial(state: State, target: Target, route: Route, *, protocol: str = "tcp") -> ByteStream:
     """Connect along a vetted route within the connect timeout (503, or the backend's code).
 
-    An SSH endpoint or jump host goes through the shared SSH connection; a
+    An SSH endpoint or jump host goes through the shared SSH connection, an
+    IPMI endpoint is a Serial-over-LAN session of this replica's; a
     node-local endpoint through its node's agent, whose refusal keeps its code
     (403 for its policy, 502/503 for its dial); anything else is dialed here.
     """
@@ -250,6 +251,8 @@ async def dial(state: State, target: Target, route: Route, *, protocol: str = "t
     try:
         if route.jump is not None or route.backend.endpoint.scheme == "ssh":
             return await _over_ssh(state, target, route)
+        if route.backend.endpoint.scheme == "ipmi":
+            return await _over_ipmi(state, target, route.backend)
         node = node_of(target, route.backend.endpoint)
         if node is not None:
             return await _through_agent(
@@ -324,3 +327,19 @@ async def _over_ssh(state: State, target: Target, route: Route) -> ByteStream:
     return await state.ssh.console(
         route.backend, creds, trust, term=spec.term, command=ssh.command(spec, target.obj)
     )
+
+
+async def _over_ipmi(state: State, target: Target, bmc: endpoints.Target) -> ByteStream:
+    """Serial-over-LAN of the BMC `bmc`, logged in with the parent's Secret."""
+    spec = target.spec.ipmi
+    if spec is None or target.spec.name != "console":
+        raise ipmi.IpmiError(400, f"{target.spec.name} has no `ipmi` settings for {bmc.endpoint}")
+    creds = await ipmi.login(state.secrets, spec, obj=target.obj, namespace=target.namespace)
+    session = state.config.session
+    timing = ipmi.Timing(
+        connect_timeout=session.connect_timeout,
+        keepalive=session.ping_interval,
+        window=4 * session.read_size,
+        high_water=4 * session.read_size,
+    )
+    return await ipmi.open_console(bmc, creds, spec, timing=timing)

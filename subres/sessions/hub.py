@@ -252,6 +252,12 @@ class Tee:
         code = getattr(self._backend, "exit_code", None)
         return code if isinstance(code, int) else None
 
+    @property
+    def notice(self) -> str:
+        """What opening the backend did that an audit should know (see `Record.backend`)."""
+        notice = getattr(self._backend, "notice", "")
+        return notice if isinstance(notice, str) else ""
+
     def resize(self, size: TerminalSize) -> None:
         """Pass a window size on to a backend that takes one; the hub records it."""
         resize = getattr(self._backend, "resize", None)

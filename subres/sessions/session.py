@@ -98,6 +98,9 @@ class Record:
     """The console session is being recorded."""
     moderators: list[str] = field(default_factory=list)
     """Who moderated the session (a moderation policy selected it), in the order they came."""
+    backend: str = ""
+    """What opening the backend did that an audit should know (an IPMI console that
+    deactivated SOL held by another BMC session)."""
     started: float = field(default_factory=time.time)
     traffic: Traffic = field(default_factory=Traffic)
     outcome: Outcome | None = None
@@ -136,6 +139,7 @@ class Record:
             "code": self.code,
             "reason": self.reason,
             **({"moderatedBy": list(self.moderators)} if self.moderators else {}),
+            **({"backend": self.backend} if self.backend else {}),
         }
 
 
@@ -196,6 +200,9 @@ class Live:
             self._watch = Watch(self.limits, close=self._close_later, last_input=self._input())
         if getattr(self.backend, "recorded", False) is True:
             self.record.recorded = True  # by the replica that owns the console
+        notice = getattr(self.backend, "notice", "")
+        if isinstance(notice, str):
+            self.record.backend = notice
         fields = self.record.fields()
         self.state.audit.started(fields)
         self._event(events.opened(fields))

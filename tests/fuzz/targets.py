@@ -38,7 +38,7 @@ from subres.protocol.spdy.connection import Role, SpdyConnection
 from subres.protocol.spdy.headers import HeaderDecoder, HeaderEncoder
 from subres.protocol.spdy.limits import Limits as SpdyLimits
 from subres.protocol.websocket import FrameDecoder, Opcode, ProtocolError, parse_close
-from tests.fuzz import hostile
+from tests.fuzz import hostile, ipmi
 from tests.fuzz.support import Provider, chunks
 from tests.wsframes import Reader, client_frame
 
@@ -475,5 +475,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "console-log": console_log,
     "websocket": websocket_frames,
     **hostile.TARGETS,
+    **ipmi.TARGETS,
 }
 """Every target by the name `python -m tests.fuzz` takes."""
