@@ -45,9 +45,10 @@ def pytest_asyncio_loop_factories(
 FULL_DIRS = frozenset({"cluster", "e2e", "browser", "examples", "bench"})
 """Directories of the whole suite only: a control plane, Chromium, QEMU, root, benchmarks."""
 FULL_FIXTURES = frozenset(
-    {"kubectl_bin", "kubepeer_bin", "virtctl_bin", "peer_binary", "sshd", "browser_ready"}
+    {"kubectl_bin", "kubepeer_bin", "virtctl_bin", "peer_binary", "sshd", "browser_ready", "sim"}
 )
-"""Fixtures that build a Go peer or start a program only scripts/test installs (Chromium)."""
+"""Fixtures that build a Go peer or start a program only scripts/test installs (Chromium,
+OpenIPMI's ipmi_sim)."""
 FULL_FILES = frozenset(
     {
         "test_gotools.py",
@@ -56,9 +57,12 @@ FULL_FILES = frozenset(
         "test_sockets.py",
         "test_recording_failclosed.py",
         "test_ssh_backend.py",
+        "test_ipmi_backend.py",
+        "test_metal3_profile.py",
     }
 )
-"""Go builds, wheels built in fresh virtualenvs, ffmpeg, OpenSSH's sshd (its logins need root);
+"""Go builds, wheels built in fresh virtualenvs, ffmpeg, ipmi_sim, OpenSSH's sshd (its logins
+need root);
 and root: a listener run as another user (`setpriv`), a full disk (a tmpfs mounted for the
 test)."""
 TESTS = Path(__file__).parent
