@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 CHART = DEPLOY / "chart"
 RELEASE = "subres"
+APISERVICE = "v1alpha1.subresources.subres.dev"
 
 HELM_LABELS = {
     "helm.sh/chart": "subres-0.1.0",
@@ -279,3 +281,65 @@ def test_the_schema_refuses_what_the_chart_does_not_do(
     assert rendered.returncode != 0
     assert "values don't meet the specifications of the schema" in rendered.stderr
     assert complaint in rendered.stderr
+
+
+def docs_block(section: str, word: str) -> str:
+    """The one ``sh`` block of docs/operating.md's `section` that holds `word`."""
+    text = (REPO / "docs" / "operating.md").read_text()
+    found = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, re.M | re.S)
+    assert found, section
+    [block] = [b for b in re.findall(r"^```sh\n(.*?)^```", found[1], re.M | re.S) if word in b]
+    return str(block)
+
+
+def test_the_docs_helm_install_installs_what_the_docs_kustomize_install_applies(
+    tmp_path: Path, helm_bin: Path, kubectl_bin: Path
+) -> None:
+    """Both install blocks of docs/operating.md, run word for word with no cluster to talk to:
+    ``helm install`` with ``--dry-run=client`` added, ``kubectl apply -k`` as ``kubectl
+    kustomize``, ``kubectl wait`` not at all. Each in a copy of deploy/ of its own (each
+    makes its own certificates), compared as the choices above are."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "subres").symlink_to(Path(sys.executable).parent / "subres")
+    # What the blocks' commands print is the manifest each would send to the cluster.
+    (tools / "helm").write_text(f'#!/bin/sh\nexec {helm_bin} "$@" --dry-run=client\n')
+    (tools / "kubectl").write_text(
+        f'#!/bin/sh\n[ "$1" = apply ] && [ "$2" = -k ] && exec {kubectl_bin} kustomize "$3"\n'
+        '[ "$1" = wait ]\n'
+    )
+    for tool in ("helm", "kubectl"):
+        (tools / tool).chmod(0o755)
+
+    def run_block(block: str, name: str) -> str:
+        work = tmp_path / name
+        shutil.copytree(DEPLOY, work / "deploy", ignore=shutil.ignore_patterns("certs", "site"))
+        env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(work), "KUBECONFIG": "/absent"}
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{block}\n{done.stdout}{done.stderr}"
+        return done.stdout
+
+    helm_block = docs_block("Install with Helm", "helm install")
+    assert "helm install subres deploy/chart -f deploy/certs/values.yaml" in helm_block
+    released = run_block(helm_block, "helm")
+    # `helm install` prints the release's notes, then the manifest after "MANIFEST:".
+    manifest = released.split("\nMANIFEST:\n", 1)[1]
+    rendered = keyed(_templated(d) for d in _objects(manifest).values())
+    applied = run_block(docs_block("Install in a cluster", "subres certs"), "kustomize")
+    # After what `subres certs` says, the manifest.
+    [_, built] = re.split(r"^(?=apiVersion:)", applied, maxsplit=1, flags=re.M)
+    wanted = keyed(_kustomized(d) for d in _objects(built).values())
+    # Two runs of `subres certs`, two CAs: the keys and certificates differ, nothing else.
+    for objects in (rendered, wanted):
+        secrets = [doc for key, doc in objects.items() if key[1] == "Secret"]
+        assert len(secrets) == 3
+        for secret in secrets:
+            assert set(secret.pop("data")) == {"tls.crt", "tls.key", "ca.crt"}
+        apiservice = objects[("apiregistration.k8s.io/v1", "APIService", "", APISERVICE)]
+        assert apiservice["spec"].pop("caBundle")
+    assert sorted(rendered) == sorted(wanted)
+    for key, doc in wanted.items():
+        assert rendered[key] == doc, key
