@@ -169,10 +169,10 @@ def test_the_console_lives_through_the_upgrade(upgraded: Upgrade) -> None:
 
 
 # A new image rolls the agents with the replicas (kustomize's `images:` does the same;
-# test_vm_rollouts.py rolls them one after the other). On the first run here the writer
-# reached a replica that dialed node-a's old agent as it stopped, and `subres console`
-# exited on that 1011 ("the subres agent of node ... is shutting down") instead of
-# reconnecting; run again, as a user would, it found the same shell.
+# test_vm_rollouts.py rolls them one after the other). In each of three runs here the
+# writer's session was dialed through node-a's old agent as it stopped, and `subres
+# console` exited on that 1011 ("the subres agent of node ... is shutting down") instead
+# of reconnecting; run again, as a user would, it found the same shell.
 @pytest.mark.xfail(reason="the console CLI exits when an agent stops under a new replica")
 def test_the_writers_cli_reconnects_by_itself_through_the_upgrade(upgraded: Upgrade) -> None:
     assert upgraded.outcome.reconnected(), upgraded.outcome.seen.report()
