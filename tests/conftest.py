@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from subres.serving import loops
-from tests.gotools import kubectl_bin, kubepeer_bin, virtctl_bin
+from tests.gotools import helm_bin, kubectl_bin, kubepeer_bin, virtctl_bin
 from tests.support import Backend
 
 __all__ = [
     "backend",
+    "helm_bin",
     "kubectl_bin",
     "kubepeer_bin",
     "pytest_asyncio_loop_factories",
@@ -45,7 +46,16 @@ def pytest_asyncio_loop_factories(
 FULL_DIRS = frozenset({"cluster", "e2e", "browser", "examples", "bench"})
 """Directories of the whole suite only: a control plane, Chromium, QEMU, root, benchmarks."""
 FULL_FIXTURES = frozenset(
-    {"kubectl_bin", "kubepeer_bin", "virtctl_bin", "peer_binary", "sshd", "browser_ready", "sim"}
+    {
+        "helm_bin",
+        "kubectl_bin",
+        "kubepeer_bin",
+        "virtctl_bin",
+        "peer_binary",
+        "sshd",
+        "browser_ready",
+        "sim",
+    }
 )
 """Fixtures that build a Go peer or start a program only scripts/test installs (Chromium,
 OpenIPMI's ipmi_sim)."""

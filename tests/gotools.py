@@ -16,7 +16,7 @@ A cold build of kubectl takes minutes, longer than the default per-test timeout,
 so CI should build before pytest starts::
 
     python -m tests.gotools kubectl kubepeer spdypeer kube-apiserver etcd virtctl \
-        kube-controller-manager
+        kube-controller-manager helm
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ _VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/vers
 # The module whose version a tool reports, first found in its go.mod wins.
 # k8s.io/kubernetes carries the release tag itself; the others are staging modules.
 _VERSION_MODULES = ("k8s.io/kubernetes", "k8s.io/kubectl", "k8s.io/client-go")
+# Helm stamps its own release the same way (its Makefile's LDFLAGS); unstamped it says "v4.3".
+_HELM_MODULE = "helm.sh/helm/v4"
+_HELM_VERSION_PACKAGE = "helm.sh/helm/v4/internal/version"
 
 
 class GoBuildError(RuntimeError):
@@ -85,9 +88,25 @@ def kube_version(gomod: Path) -> str | None:
     return None
 
 
+def helm_version(gomod: Path) -> str | None:
+    """The Helm release a tool requires, e.g. ``v4.3.2``, or None if it requires none."""
+    found = re.search(
+        rf"^\s*(?:require\s+)?{re.escape(_HELM_MODULE)}\s+(v\d+\.\d+\.\d+\S*)",
+        gomod.read_text(),
+        re.MULTILINE,
+    )
+    return found[1] if found else None
+
+
 def ldflags(src: Path) -> str:
     """Link flags: no symbol tables (smaller, faster link) and the version stamp."""
     flags = ["-s", "-w"]
+    helm = helm_version(src / "go.mod")
+    if helm is not None:
+        flags += [
+            f"-X {_HELM_VERSION_PACKAGE}.version={helm}",
+            f"-X {_HELM_VERSION_PACKAGE}.gitTreeState=clean",
+        ]
     version = kube_version(src / "go.mod")
     if version is not None:
         minor = version.split(".")[1]
@@ -294,6 +313,11 @@ def kubepeer() -> Path:
     return build("kubepeer")
 
 
+def helm() -> Path:
+    """Helm v4 at the release tools/helm pins, for deploy/chart."""
+    return build("helm")
+
+
 def virtctl() -> Path:
     """KubeVirt's virtctl at the release `UPSTREAM` pins, unmodified."""
     return build("virtctl")
@@ -307,6 +331,11 @@ def kubectl_bin() -> Path:
 @pytest.fixture(scope="session")
 def kubepeer_bin() -> Path:
     return kubepeer()
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    return helm()
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,15 @@ def test_kubectl_reports_pinned_version(tmp_path: Path) -> None:
     assert (client["major"], client["minor"]) == ("1", "37")
 
 
+def test_helm_reports_pinned_version(tmp_path: Path) -> None:
+    assert gotools.helm_version(gotools.TOOLS / "helm" / "go.mod") == "v4.3.2"
+    helm = gotools.helm()
+    assert helm.is_relative_to(gotools.cache_dir())
+    proc = _run([helm, "version", "--template", "{{.Version}} {{.GitTreeState}}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "v4.3.2 clean"
+
+
 def test_cached_binary_is_reused() -> None:
     first = gotools.kubectl()
     mtime = first.stat().st_mtime_ns

@@ -10,7 +10,9 @@ certificate on the peer port (CN and DNS name `subres-replica`). Then the manife
 DaemonSet mount, each with its `ca.crt`, the agents' in the agents' own
 namespace), `apiservice-cabundle.yaml` (a
 patch giving the APIService the CA) and `kustomization.yaml`, a kustomize
-`Component` holding both, which `deploy/self-signed` includes. Nothing needs
+`Component` holding both, which `deploy/self-signed` includes; and
+`values.yaml`, the same certificates as values of the Helm chart in
+`deploy/chart` (`helm install … -f DIR/values.yaml`). Nothing needs
 editing; none of it belongs in git (`.gitignore` says `deploy/certs/`).
 """
 
@@ -79,8 +81,10 @@ def run(ns: argparse.Namespace) -> int:
     _write(out / "secret.yaml", yaml.safe_dump_all(secrets))
     _write(out / "apiservice-cabundle.yaml", yaml.safe_dump(_patch(ca, ns.apiservice)))
     _write(out / "kustomization.yaml", yaml.safe_dump(_component()))
+    _write(out / "values.yaml", _helm_values(ca, pairs))
     print(f"wrote {out}/: a kustomize component (kustomization.yaml, secret.yaml, ")
-    print("apiservice-cabundle.yaml) and the PEM files; keep them out of git")
+    print("apiservice-cabundle.yaml), Helm values (values.yaml) and the PEM files;")
+    print("keep them out of git")
     return 0
 
 
@@ -116,6 +120,39 @@ def _patch(ca: certs.KeyPair, apiservice: str) -> dict[str, object]:
         "metadata": {"name": apiservice},
         "spec": {"caBundle": _b64(ca.cert_pem()), "insecureSkipTLSVerify": False},
     }
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Writes multi-line strings (the PEM blocks) as `|` literals, as a person would."""
+
+
+def _literal(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_BlockDumper.add_representer(str, _literal)
+
+
+def _helm_values(ca: certs.KeyPair, pairs: dict[str, certs.KeyPair]) -> str:
+    """deploy/chart's `certificates` values for the Secrets above (no CA key: no one needs it)."""
+
+    def pem(pair: certs.KeyPair) -> dict[str, str]:
+        return {"cert": pair.cert_pem().decode(), "key": pair.key_pem().decode()}
+
+    values = {
+        "certificates": {
+            "source": "selfSigned",
+            "selfSigned": {
+                "ca": ca.cert_pem().decode(),
+                "serving": pem(pairs["tls"]),
+                "agent": pem(pairs["agent"]),
+                "replica": pem(pairs["replica"]),
+            },
+        }
+    }
+    header = "# deploy/chart's certificates from `subres certs`: private keys, keep out of git.\n"
+    return header + yaml.dump(values, Dumper=_BlockDumper, sort_keys=False)
 
 
 def _component() -> dict[str, object]:

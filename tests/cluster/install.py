@@ -32,11 +32,14 @@ __all__ = [
     "NEXT_TAG",
     "REPLICAS",
     "Installed",
+    "docs_block",
     "docs_install_block",
     "install",
     "rollout",
+    "run_block",
     "wait_gone",
     "wait_pods",
+    "workspace",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,30 +68,44 @@ class Installed:
     script: str
 
 
+def docs_block(section: str, word: str, page: Path = OPERATING) -> str:
+    """The one ``sh`` block of the page's ``## section`` that holds `word`."""
+    text = page.read_text()
+    found = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^#{{2,3}} )", text, re.M | re.S)
+    if found is None:
+        raise ClusterError(f"{page} has no '## {section}' section")
+    blocks = re.findall(r"^```sh\n(.*?)^```", found[1], re.M | re.S)
+    matching = [b for b in blocks if word in b]
+    if len(matching) != 1:
+        raise ClusterError(f"'{section}' has {len(matching)} sh blocks with {word}")
+    return str(matching[0])
+
+
 def docs_install_block(page: Path = OPERATING) -> str:
     """The ``sh`` block of docs/operating.md's "Install in a cluster" that runs ``subres certs``."""
-    text = page.read_text()
-    section = re.search(r"^## Install in a cluster\n(.*?)(?=^#{2,3} )", text, re.M | re.S)
-    if section is None:
-        raise ClusterError(f"{page} has no '## Install in a cluster' section")
-    blocks = re.findall(r"^```sh\n(.*?)^```", section[1], re.M | re.S)
-    found = [b for b in blocks if "subres certs" in b]
-    if len(found) != 1:
-        raise ClusterError(f"'Install in a cluster' has {len(found)} sh blocks with subres certs")
-    return str(found[0])
+    return docs_block("Install in a cluster", "subres certs", page)
 
 
-async def install(cluster: Cluster) -> Installed:
-    """Run the docs' install block against `cluster`; raise with its output if it fails.
-
-    Its directory (deploy/ with the certificates' private keys) is the caller's to remove.
-    """
-    script = docs_install_block()
+def workspace(cluster: Cluster, *, helm: Path | None = None) -> Path:
+    """A scratch copy of ``deploy/`` (no certificates) and a ``bin`` with our kubectl
+    (and `helm` as ``helm``): where a docs block runs. The caller removes it."""
     workdir = Path(tempfile.mkdtemp(prefix="subres-install-"))
     shutil.copytree(REPO / "deploy", workdir / "deploy", ignore=shutil.ignore_patterns("certs"))
     tools = workdir / "bin"
     tools.mkdir()
     (tools / "kubectl").symlink_to(cluster.plane.binaries.kubectl)
+    if helm is not None:
+        (tools / "helm").symlink_to(helm)
+    return workdir
+
+
+async def run_block(cluster: Cluster, script: str, workdir: Path) -> str:
+    """Run a docs block with bash in `workdir` (made by `workspace`): its output.
+
+    Our tools and this checkout's ``subres`` come first on ``PATH``, with the cluster's
+    admin kubeconfig; a failure raises with the block and its output.
+    """
+    tools = workdir / "bin"
     env = {
         "PATH": f"{tools}:{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
         "KUBECONFIG": str(cluster.plane.admin_kubeconfig),
@@ -100,8 +117,22 @@ async def install(cluster: Cluster) -> Installed:
         timeout_s=INSTALL_TIMEOUT_S,
     )  # fmt: skip
     if code != 0:
+        raise cluster.failure(f"a docs block exited {code}:\n{script}\n{output}")
+    return output
+
+
+async def install(cluster: Cluster) -> Installed:
+    """Run the docs' install block against `cluster`; raise with its output if it fails.
+
+    Its directory (deploy/ with the certificates' private keys) is the caller's to remove.
+    """
+    script = docs_install_block()
+    workdir = workspace(cluster)
+    try:
+        output = await run_block(cluster, script, workdir)
+    except BaseException:
         shutil.rmtree(workdir)
-        raise cluster.failure(f"the docs' install block exited {code}:\n{script}\n{output}")
+        raise
     return Installed(workdir=workdir, output=output, script=script)
 
 

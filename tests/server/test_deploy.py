@@ -431,3 +431,20 @@ def test_every_shipped_overlay_builds_and_carries_the_streams_flowschema(
         docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built)}
         [rule] = docs[("FlowSchema", "subres-streams")]["spec"]["rules"]
         assert rule["resourceRules"][0]["apiGroups"] == [group], overlay
+
+
+def test_certs_writes_the_charts_values_for_the_same_secrets(tmp_path: Path) -> None:
+    assert main(["certs", "--out", str(tmp_path)]) == 0
+    values = yaml.safe_load((tmp_path / "values.yaml").read_text())["certificates"]
+    assert values["source"] == "selfSigned"
+    pem = values["selfSigned"]
+    assert pem["ca"] == (tmp_path / "ca.crt").read_text()
+    for pair, files in (("serving", "tls"), ("agent", "agent"), ("replica", "replica")):
+        assert pem[pair]["cert"] == (tmp_path / f"{files}.crt").read_text()
+        assert pem[pair]["key"] == (tmp_path / f"{files}.key").read_text()
+    assert "ca.key" not in (tmp_path / "values.yaml").read_text()
+    assert (tmp_path / "values.yaml").stat().st_mode & 0o077 == 0
+    # Every key it writes is one the chart has.
+    defaults = yaml.safe_load((DEPLOY / "chart" / "values.yaml").read_text())["certificates"]
+    assert set(values) <= set(defaults)
+    assert set(pem) == set(defaults["selfSigned"])
