@@ -42,7 +42,8 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import aiohttp
 import yaml
@@ -132,6 +133,7 @@ class Row:
     kib_front: float | None
     kib_owner: float | None
     gets: tuple[float, float, Counter[str]]
+    emfile: tuple[int, int]
 
 
 def raise_descriptors() -> None:
@@ -399,94 +401,151 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
             two_replicas(plane) as (a, b),
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
         ):
-            context = ssl.create_default_context(cafile=str(plane.server_ca))
-            client = Client(plane, http, context)
-            total = max(settings.levels)
-            names = [f"c-{i}" for i in range(max(total, settings.without))]
+            client = Client(plane, http, ssl.create_default_context(cafile=str(plane.server_ca)))
+            names = [f"c-{i}" for i in range(max(*settings.levels, settings.without))]
             await machines(plane, names, url, keep=False)
             exempt = await exempt_uid(plane)
             await settle_flowschema(client, names[0], exempt=exempt, present=True)
-            last = {owner(n): n for n in names}  # the last Machine each replica owns
-            await wait_served(client, sorted(last.values()))
+            await wait_served(client, last_owned(names))
             baseline_gets = await client.gets(settings.gets)
-            done = 0
-            local = relayed = 0
-            pids = (pid_of(a), pid_of(b))
-            for level in settings.levels:
-                batch = names[done:level]
-                mine = [n for n in batch if owner(n) == NAMES[0]]
-                theirs = [n for n in batch if owner(n) != NAMES[0]]
-                start_rss = (rss(pids[0]), rss(pids[1]))
-                opened = await client.open_many(mine)
-                mid_rss = (rss(pids[0]), rss(pids[1]))
-                more = await client.open_many(theirs)
-                end_rss = (rss(pids[0]), rss(pids[1]))
-                local += len(mine) - sum(opened.refused.values())
-                relayed += len(theirs) - sum(more.refused.values())
-                merged = Opened(
-                    opened.seconds + more.seconds,
-                    opened.times + more.times,
-                    opened.refused + more.refused,
-                )
-                new_local = len(opened.times)
-                new_relayed = len(more.times)
-                rows.append(
-                    Row(
-                        label="with FlowSchema",
-                        sessions=level,
-                        live=client.still_open(),
-                        local=local,
-                        relayed=relayed,
-                        opened=merged,
-                        apiserver_rss=rss(plane.apiserver_pid),
-                        apiserver_cpu=tree_cpu_seconds(plane.apiserver_pid),
-                        etcd_rss=rss(plane.etcd_pid),
-                        rss=end_rss,
-                        fds=(
-                            descriptors(plane.apiserver_pid),
-                            descriptors(pids[0]),
-                            descriptors(pids[1]),
-                        ),
-                        kib_local=_per(mid_rss[0] - start_rss[0], new_local),
-                        kib_front=_per(end_rss[0] - mid_rss[0], new_relayed),
-                        kib_owner=_per(end_rss[1] - mid_rss[1], new_relayed),
-                        gets=await client.gets(settings.gets),
-                    )
-                )
-                print(_row(rows[-1]), file=sys.stderr, flush=True)
-                done = level
+            logs = (plane.workdir / "kube-apiserver.log", a.process.log)
+            watch = Watch(plane, (pid_of(a), pid_of(b)), logs)
+            rows += await with_flowschema(settings, client, watch, names)
             await client.close_all()
             if settings.without:
-                (await plane.kubectl("delete", "flowschema", SCHEMA)).check()
-                await settle_flowschema(client, names[0], exempt=exempt, present=False)
-                opened = await client.open_many(names[: settings.without])
-                rows.append(
-                    Row(
-                        label="without FlowSchema",
-                        sessions=settings.without,
-                        live=client.still_open(),
-                        local=0,
-                        relayed=0,
-                        opened=opened,
-                        apiserver_rss=rss(plane.apiserver_pid),
-                        apiserver_cpu=tree_cpu_seconds(plane.apiserver_pid),
-                        etcd_rss=rss(plane.etcd_pid),
-                        rss=(rss(pids[0]), rss(pids[1])),
-                        fds=(
-                            descriptors(plane.apiserver_pid),
-                            descriptors(pids[0]),
-                            descriptors(pids[1]),
-                        ),
-                        kib_local=None,
-                        kib_front=None,
-                        kib_owner=None,
-                        gets=await client.gets(settings.gets),
-                    )
-                )
-                print(_row(rows[-1]), file=sys.stderr, flush=True)
-                await client.close_all()
-                (await plane.kubectl("apply", "-f", str(FLOWCONTROL))).check()
+                rows.append(await without_flowschema(settings, client, watch, names, exempt))
     print(report(settings, argv, limit, baseline_gets, rows), flush=True)
+
+
+def last_owned(names: Sequence[str]) -> list[str]:
+    """The last Machine of `names` each replica owns."""
+    return sorted({owner(n): n for n in names}.values())
+
+
+async def with_flowschema(
+    settings: Settings, client: Client, watch: Watch, names: Sequence[str]
+) -> list[Row]:
+    """Open every level, each one's local sessions (A owns them) first, then the relayed."""
+    rows: list[Row] = []
+    done = local = relayed = 0
+    pids = watch.pids
+    for level in settings.levels:
+        batch = names[done:level]
+        watch.start()
+        start_rss = (rss(pids[0]), rss(pids[1]))
+        opened = await client.open_many([n for n in batch if owner(n) == NAMES[0]])
+        mid_rss = (rss(pids[0]), rss(pids[1]))
+        more = await client.open_many([n for n in batch if owner(n) != NAMES[0]])
+        end_rss = (rss(pids[0]), rss(pids[1]))
+        local += len(opened.times)
+        relayed += len(more.times)
+        merged = Opened(
+            opened.seconds + more.seconds,
+            opened.times + more.times,
+            opened.refused + more.refused,
+        )
+        kib = (
+            _per(mid_rss[0] - start_rss[0], len(opened.times)),
+            _per(end_rss[0] - mid_rss[0], len(more.times)),
+            _per(end_rss[1] - mid_rss[1], len(more.times)),
+        )
+        row = watch.row(
+            "with FlowSchema", level, live=client.still_open(), where=(local, relayed),
+            opened=merged, kib=kib,
+        )  # fmt: skip
+        rows.append(replace(row, gets=await client.gets(settings.gets)))
+        print(_row(rows[-1]), file=sys.stderr, flush=True)
+        done = level
+    return rows
+
+
+async def without_flowschema(
+    settings: Settings, client: Client, watch: Watch, names: Sequence[str], exempt: str
+) -> Row:
+    """The FlowSchema deleted, `settings.without` sessions opened (then closed, and the
+    FlowSchema applied again)."""
+    plane = client.plane
+    # The last level may have left the APIService unavailable for a while (the group
+    # answers 503 then, whatever the FlowSchema).
+    await aggregation.wait_apiservice_available(plane, subresserver.APISERVICE, timeout_s=WAIT)
+    await wait_served(client, last_owned(names))
+    (await plane.kubectl("delete", "flowschema", SCHEMA)).check()
+    try:
+        await settle_flowschema(client, names[0], exempt=exempt, present=False)
+        watch.start()
+        opened = await client.open_many(names[: settings.without])
+        row = watch.row(
+            "without FlowSchema", settings.without, live=client.still_open(), where=(0, 0),
+            opened=opened, kib=(None, None, None),
+        )  # fmt: skip
+        row = replace(row, gets=await client.gets(settings.gets))
+        print(_row(row), file=sys.stderr, flush=True)
+        await client.close_all()
+    finally:
+        (await plane.kubectl("apply", "-f", str(FLOWCONTROL))).check()
+    return row
+
+
+@dataclass
+class Watch:
+    """What a level costs the processes: read before it opens and after."""
+
+    plane: ControlPlane
+    pids: tuple[int, int]
+    logs: tuple[Path, Path]
+    """kube-apiserver's log and replica A's: where running out of descriptors shows."""
+    cpu: float = 0.0
+    offsets: tuple[int, int] = (0, 0)
+
+    def start(self) -> None:
+        self.cpu = tree_cpu_seconds(self.plane.apiserver_pid)
+        self.offsets = (_size(self.logs[0]), _size(self.logs[1]))
+
+    def emfile(self) -> tuple[int, int]:
+        """'too many open files' lines logged since `start`, kube-apiserver's and A's."""
+        found = []
+        for path, offset in zip(self.logs, self.offsets, strict=True):
+            with path.open("rb") as log:
+                log.seek(offset)
+                found.append(log.read().lower().count(b"too many open files"))
+        return found[0], found[1]
+
+    def row(
+        self,
+        label: str,
+        sessions: int,
+        *,
+        live: int,
+        where: tuple[int, int],
+        opened: Opened,
+        kib: tuple[float | None, float | None, float | None],
+    ) -> Row:
+        plane, pids = self.plane, self.pids
+        return Row(
+            label=label,
+            sessions=sessions,
+            live=live,
+            local=where[0],
+            relayed=where[1],
+            opened=opened,
+            apiserver_rss=rss(plane.apiserver_pid),
+            apiserver_cpu=tree_cpu_seconds(plane.apiserver_pid) - self.cpu,
+            etcd_rss=rss(plane.etcd_pid),
+            rss=(rss(pids[0]), rss(pids[1])),
+            fds=(descriptors(plane.apiserver_pid), descriptors(pids[0]), descriptors(pids[1])),
+            kib_local=kib[0],
+            kib_front=kib[1],
+            kib_owner=kib[2],
+            gets=(0.0, 0.0, Counter()),
+            emfile=self.emfile(),
+        )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _per(kib: int, sessions: int) -> float | None:
@@ -505,6 +564,11 @@ def _row(row: Row) -> str:
     opened = row.opened
     refused = sum(opened.refused.values())
     why = "; ".join(f"{n} x {k}" for k, n in opened.refused.most_common(3))
+    if any(row.emfile):
+        why += (
+            f"; 'too many open files' logged {row.emfile[0]:,} times by kube-apiserver, "
+            f"{row.emfile[1]:,} by A"
+        )
     p50, p99, failed = row.gets
     get_failed = sum(failed.values())
     gets = f"{_ms(p50)} / {_ms(p99)}" + (
@@ -514,7 +578,7 @@ def _row(row: Row) -> str:
         f"| {row.label} | {row.sessions:,} | {row.live:,} ({row.local:,} / {row.relayed:,}) "
         f"| {opened.seconds:.1f} | {_ms(_quantile(opened.times, 0.5))} / "
         f"{_ms(_quantile(opened.times, 0.99))} | {refused}{f' ({why})' if refused else ''} "
-        f"| {row.apiserver_rss / 1024:.0f} | {row.apiserver_cpu:.0f} | {row.etcd_rss / 1024:.0f} "
+        f"| {row.apiserver_rss / 1024:.0f} | {row.apiserver_cpu:.1f} | {row.etcd_rss / 1024:.0f} "
         f"| {row.rss[0] / 1024:.0f} / {row.rss[1] / 1024:.0f} "
         f"| {_kib(row.kib_local)} / {_kib(row.kib_front)} / {_kib(row.kib_owner)} "
         f"| {' / '.join(f'{n:,}' for n in row.fds)} | {gets} |"
@@ -536,7 +600,7 @@ def report(
         f"token, aiohttp, {OPEN_CONCURRENCY} at a time), keeps them open and reads them; every "
         "console dials one TCP echo backend on 127.0.0.1 (its own process)",
         "open s: wall time to open the level's new sessions; per open: request to 101; "
-        "RSS from /proc smaps_rollup; CPU: kube-apiserver's utime+stime since it started",
+        "RSS from /proc smaps_rollup; CPU: kube-apiserver's utime+stime while the level opened",
         "KiB/session: RSS growth while a level's new sessions opened, over their number: "
         "A for its local ones, A for the front half of relayed ones, B for the owner half",
         f"GET: p50/p99 of {settings.gets} GETs of "
@@ -551,7 +615,7 @@ def report(
                      *facts),
         "",
         "| install | sessions | live (local / relayed) | open s | per open p50 / p99 ms "
-        "| refused | kube-apiserver RSS MiB | kube-apiserver CPU s | etcd RSS MiB "
+        "| refused | kube-apiserver RSS MiB | kube-apiserver CPU s to open | etcd RSS MiB "
         "| A / B RSS MiB | KiB/session: A local / A front / B owner "
         "| open files: kube-apiserver / A / B | GET p50 / p99 ms |",
         "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: "
