@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import resource
 import ssl
@@ -134,6 +135,8 @@ class Row:
     kib_owner: float | None
     gets: tuple[float, float, Counter[str]]
     emfile: tuple[int, int]
+    probe: str = ""
+    """When some were refused: what a plain GET of a refused console answered."""
 
 
 def raise_descriptors() -> None:
@@ -322,6 +325,23 @@ class Client:
             times.append(time.perf_counter() - started)
         return _quantile(times, 0.5), _quantile(times, 0.99), failed
 
+    async def why(self, name: str) -> str:
+        """A plain GET of `name`'s console: kube-apiserver's status and message, which a
+        refused upgrade does not show."""
+        url = self.url(name).replace("wss://", "https://")
+        try:
+            async with (
+                asyncio.timeout(GET_TIMEOUT),
+                self.http.get(url, ssl=self.context, headers=self.headers) as answer,
+            ):
+                text = await answer.text()
+                status = answer.status
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return f"{type(exc).__name__}: {exc}"[:200]
+        with contextlib.suppress(ValueError, AttributeError):
+            text = str(json.loads(text).get("message", text))
+        return f"{status} {text.strip()}"[:200]
+
     async def level_of(self, name: str) -> str:
         """The uid of the priority level kube-apiserver puts alice's console request in."""
         url = self.url(name).replace("wss://", "https://")
@@ -453,6 +473,8 @@ async def with_flowschema(
             "with FlowSchema", level, live=client.still_open(), where=(local, relayed),
             opened=merged, kib=kib,
         )  # fmt: skip
+        if merged.refused:
+            row = replace(row, probe=await client.why(batch[-1]))
         rows.append(replace(row, gets=await client.gets(settings.gets)))
         print(_row(rows[-1]), file=sys.stderr, flush=True)
         done = level
@@ -564,6 +586,8 @@ def _row(row: Row) -> str:
     opened = row.opened
     refused = sum(opened.refused.values())
     why = "; ".join(f"{n} x {k}" for k, n in opened.refused.most_common(3))
+    if row.probe:
+        why += f"; a plain GET then: {row.probe}"
     if any(row.emfile):
         why += (
             f"; 'too many open files' logged {row.emfile[0]:,} times by kube-apiserver, "
