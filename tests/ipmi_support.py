@@ -30,10 +30,9 @@ PASSWORD = "s3cret-pw"
 STEP = 20.0
 """Seconds any one wait of these helpers may take."""
 
-needs_ipmi_sim = pytest.mark.skipif(
-    shutil.which("ipmi_sim") is None or shutil.which("ipmitool") is None,
-    reason="OpenIPMI's ipmi_sim and ipmitool are not installed (scripts/test installs them)",
-)
+needs_ipmi_sim = pytest.mark.full
+"""OpenIPMI's ipmi_sim and ipmitool: Debian packages that scripts/test installs, so these tests
+run in the whole suite only; where the programs are missing they fail saying so (`bmc`)."""
 
 
 def _lan_conf(udp: int, serial: int) -> str:
@@ -192,6 +191,8 @@ class Bmc:
 async def bmc(tmp: Path, *, echo: bool = False) -> AsyncIterator[Bmc]:
     """A running BMC whose files live in `tmp` (the caller's temporary directory); with
     `echo`, its host echoes what the serial port receives."""
+    for program in ("ipmi_sim", "ipmitool"):
+        assert shutil.which(program), f"{program} is missing: scripts/test installs it"
     directory = tmp / "bmc"
     (directory / "state").mkdir(parents=True)
     serial = SerialPort(echo=echo)
