@@ -115,10 +115,11 @@ def test_a_deleted_replicas_console_fails_over_by_itself(replica_deleted: Delete
 
 
 @pytest.mark.xfail(
-    reason="a force-deleted replica is SIGKILLed: it writes no audit end line for the "
-    "sessions it fronted, and no other replica writes one for it (the owner's side of a "
-    "relayed session ends, but the audit is the front's)",
-    strict=True,
+    reason="a force-deleted replica may be SIGKILLed before it writes the audit end lines "
+    "of the sessions it fronted, and no other replica writes them for it (the owner's side "
+    "of a relayed session ends, but the audit is the front's); whether the kill comes first "
+    "is the kubelet's timing: lost in 2 CI runs of 3, kept in the third, so not strict",
+    strict=False,
 )
 def test_a_deleted_replicas_sessions_keep_their_audit_end_lines(
     replica_deleted: Deleted,
