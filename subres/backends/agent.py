@@ -60,10 +60,6 @@ class AgentUnavailable(BackendUnavailable):
 class AgentRefused(BackendUnavailable):
     """The agent answered, but with a refusal; `code` is the status to pass on."""
 
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
 
 class Directory(Protocol):
     """Where each node's agent listens."""

@@ -68,8 +68,7 @@ class IpmiError(BackendUnavailable):
     """A BMC console that cannot be opened; `code` is the HTTP status to answer with."""
 
     def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
 
 
 @dataclass(frozen=True)

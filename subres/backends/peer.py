@@ -45,10 +45,6 @@ Closer = Callable[[int, str], None]
 class PeerRefused(BackendUnavailable):
     """The owner answered with a Status (or could not be reached: 503); `code` is passed on."""
 
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
 
 class AnswerCut(OSError):
     """An answer that ended before its Content-Length or its last chunk, or ran past the

@@ -76,8 +76,7 @@ class SshError(BackendUnavailable):
     """An SSH backend that cannot be used; `code` is the HTTP status to answer with."""
 
     def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ class BackendUnavailable(Exception):
     code = 503
     """The HTTP status to answer with (a node agent may refuse with 403 or fail with 502)."""
 
+    def __init__(self, message: str = "", code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
 
 async def dial(
     target: Target, *, connect_timeout: float, read_size: int, write_timeout: float
